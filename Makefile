@@ -1,0 +1,55 @@
+# One entry point for every task. `make run` and `make test` are the two commands of the README.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+GO_CACHE_DIR ?= $(HOME)/.cache/ca-externalgrpc-go
+
+.PHONY: install protos protos-check run test unit integration conformance lint typecheck bench soak clean image deploy-check
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Regenerate the Python code from protos/*.proto (the only place generated code lives).
+protos: $(STAMP)
+	$(PY) -m server.protogen --write
+
+protos-check: $(STAMP)
+	$(PY) -m server.protogen --check
+
+run: $(STAMP)
+	$(VENV)/bin/ca-externalgrpc demo --listen 127.0.0.1:8086
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy server providers simulators
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
+
+conformance: $(STAMP)
+	$(PY) -m tests.conformance.run
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+	$(MAKE) conformance
+
+bench: $(STAMP)
+	$(PY) -m tests.bench.run
+
+soak: $(STAMP)
+	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

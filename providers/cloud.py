@@ -1,0 +1,66 @@
+"""The interface a cloud package implements; everything else is shared (providers/backend.py)."""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+from collections.abc import Mapping
+
+from providers.deadline import Deadline
+from providers.errors import NotSupported
+from providers.model import CloudListing, GroupState, Instance, NodeRef, NodeTemplate
+
+
+class CloudAdapter(abc.ABC):
+    """How one cloud lists pools and nodes, sets a size, deletes a machine and describes a template.
+
+    Implementations are thread-safe: the shared Backend calls them from the background sync thread
+    and from gRPC handler threads at once. They raise only ``providers.errors`` exceptions.
+    """
+
+    #: short cloud name used in logs and metrics ("scaleway", "bizfly")
+    kind: str = ""
+
+    @abc.abstractmethod
+    def list_groups(self, deadline: Deadline) -> CloudListing:
+        """Every autoscaled group with its instances, read fresh from the cloud."""
+
+    @abc.abstractmethod
+    def read_group(self, group_id: str, deadline: Deadline) -> GroupState:
+        """One group read fresh from the cloud (used before an absolute size write on a stale view).
+
+        Raises NodeGroupNotFound when the group is gone or no longer autoscaled.
+        """
+
+    @abc.abstractmethod
+    def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None:
+        """Write the group's desired size (absolute) to the cloud. ``new_size`` may be 0."""
+
+    @abc.abstractmethod
+    def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
+        """Terminate one machine of ``group`` and lower its desired size by one (cloud-side)."""
+
+    @property
+    @abc.abstractmethod
+    def gpu_label(self) -> str:
+        """The node label that marks GPU nodes of this cloud."""
+
+    def available_gpu_types(self) -> tuple[str, ...]:
+        return ()
+
+    def template(self, group: GroupState, observed_labels: Mapping[str, str] | None) -> NodeTemplate | None:
+        """The template for scale-from-zero; by default what the listing carried."""
+        return group.template
+
+    def node_price(self, group: GroupState, node: NodeRef, start: dt.datetime, end: dt.datetime) -> float:
+        raise NotSupported(f"{self.kind} has no node pricing")
+
+    def pod_price(self, pod_bytes: bytes, start: dt.datetime, end: dt.datetime) -> float:
+        raise NotSupported(f"{self.kind} has no pod pricing")
+
+    def group_for_price_node(self, node: NodeRef) -> str | None:
+        """The group id a (template) node belongs to for pricing, from its labels; None if unknown."""
+        return None
+
+    def close(self) -> None:
+        """Release HTTP sessions."""

@@ -1,0 +1,64 @@
+"""Typed domain errors. The servicer maps each class to one gRPC status code (server/errors.py)."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base class; ``str(err)`` is the actionable message the CA will log."""
+
+
+class NodeGroupNotFound(DomainError):
+    def __init__(self, group_id: str) -> None:
+        super().__init__(
+            f"node group {group_id!r} is not known to this server; call NodeGroups for the current ids "
+            "(a pool that stopped autoscaling or was deleted disappears from the list)"
+        )
+        self.group_id = group_id
+
+
+class InvalidDelta(DomainError):
+    """The delta of IncreaseSize/DecreaseTargetSize has the wrong sign."""
+
+
+class InvalidRequest(DomainError):
+    """A request is malformed (empty id, empty node list, missing field)."""
+
+
+class SizeLimitExceeded(DomainError):
+    """The change would take the target outside [min, max] or below the existing instances."""
+
+
+class NodeNotInGroup(DomainError):
+    """A node named in DeleteNodes does not belong to the group."""
+
+
+class GroupBusy(DomainError):
+    """The cloud reports the group in a state where it cannot change size now (locked, upgrading)."""
+
+
+class CloudUnavailable(DomainError):
+    """The cloud API cannot be reached or answers 5xx/429 after retries; the caller may retry."""
+
+
+class CloudRequestRejected(DomainError):
+    """The cloud API refused the request (4xx other than auth); retrying unchanged will not help."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class CloudAuthFailed(DomainError):
+    """The cloud API refused the credentials (401/403)."""
+
+
+class NotSupported(DomainError):
+    """The backend has no answer for this optional RPC (pricing, template)."""
+
+
+class DeadlineTooShort(DomainError):
+    """Not enough of the caller's deadline is left to start (or finish) a cloud call safely."""
+
+
+class ChangeOutcomeUnknown(DomainError):
+    """A mutating cloud call did not answer in time; the server re-reads the cloud before any retry."""
