@@ -37,7 +37,9 @@ class CloudAdapter(abc.ABC):
         """Write the group's desired size (absolute) to the cloud. ``new_size`` may be 0."""
 
     @abc.abstractmethod
-    def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
+    def delete_instance(
+        self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline
+    ) -> None:
         """Terminate one machine of ``group`` and lower its desired size by one (cloud-side)."""
 
     @property

@@ -1,0 +1,45 @@
+"""Which backend owns a node group or a providerID (several clouds may be served at once)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from providers.backend import Backend
+from providers.errors import NodeGroupNotFound
+from providers.model import GroupState
+
+
+class Registry:
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self.backends = tuple(backends)
+
+    def backend_for_group(self, group_id: str) -> Backend:
+        for backend in self.backends:
+            if backend.has_group(group_id):
+                return backend
+        raise NodeGroupNotFound(group_id)
+
+    def group_for_provider_id(self, provider_id: str) -> tuple[Backend, str] | None:
+        if not provider_id:
+            return None
+        for backend in self.backends:
+            gid = backend.group_id_for(provider_id)
+            if gid is not None:
+                return backend, gid
+        return None
+
+    def all_groups(self) -> Iterable[tuple[Backend, GroupState]]:
+        seen: set[str] = set()
+        for backend in self.backends:
+            for group in backend.groups():
+                if group.id not in seen:  # ids are unique per cloud; first backend wins on a clash
+                    seen.add(group.id)
+                    yield backend, group
+
+    def start(self) -> None:
+        for backend in self.backends:
+            backend.start()
+
+    def stop(self) -> None:
+        for backend in self.backends:
+            backend.stop()

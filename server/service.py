@@ -1,0 +1,322 @@
+"""The externalgrpc CloudProvider servicer: proto in, domain call, proto out.
+
+Thin by design (DESIGN.md): it never talks HTTP, translates messages, and maps domain errors through
+the one table in server/errors.py. Generation quirks live in server/compat.py. Hot reads are answered
+from prebuilt messages cached per snapshot version.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+
+from protos import externalgrpc_pb2 as pb
+from protos import externalgrpc_pb2_grpc as pb_grpc
+from providers.backend import Backend
+from providers.cloud import CloudAdapter
+from providers.deadline import Deadline
+from providers.errors import DomainError, InvalidRequest, NodeGroupNotFound, NotSupported
+from providers.model import GroupState, Instance, NodeRef
+from providers.registry import Registry
+from server import compat
+from server.errors import status_for
+from server.node_encoding import encode_template
+
+log = logging.getLogger("server.rpc")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CloudProvider"].full_name
+_UNMANAGED = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
+_EMPTY_OPTIONS = pb.NodeGroupAutoscalingOptionsResponse()
+
+R = TypeVar("R")
+
+
+def _node_ref(node: pb.ExternalGrpcNode) -> NodeRef:
+    return NodeRef(node.providerID, node.name, dict(node.labels), dict(node.annotations))
+
+
+def _instance_pb(inst: Instance) -> pb.Instance:
+    status = pb.InstanceStatus(instanceState=int(inst.state))
+    if inst.error is not None:
+        status.errorInfo.errorCode = inst.error.code
+        status.errorInfo.errorMessage = inst.error.message
+        status.errorInfo.instanceErrorClass = int(inst.error.error_class)
+    return pb.Instance(id=inst.id, status=status)
+
+
+def _group_pb(group: GroupState) -> pb.NodeGroup:
+    return pb.NodeGroup(id=group.id, minSize=group.min_size, maxSize=group.max_size, debug=group.debug[:512])
+
+
+def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Map DomainError to its status code, log mutations at info and reads at debug."""
+
+    def wrap(method: Callable[..., R]) -> Callable[..., R]:
+        name = method.__name__
+
+        @functools.wraps(method)
+        def handler(self: CloudProviderService, request: Any, context: grpc.ServicerContext) -> R:
+            start = time.perf_counter()
+            try:
+                result = method(self, request, context)
+            except DomainError as err:
+                code = status_for(err)
+                _log(name, mutating, request, code.name, start, str(err))
+                context.abort(code, str(err))
+            except Exception:  # a bug must answer INTERNAL, never crash the server or hang
+                log.exception("unexpected failure", extra={"grpc_method": name})
+                context.abort(grpc.StatusCode.INTERNAL, f"{name} failed unexpectedly; see the server log")
+            if mutating or log.isEnabledFor(logging.DEBUG):
+                _log(name, mutating, request, "OK", start, "")
+            return result
+
+        return handler
+
+    return wrap
+
+
+def _log(method: str, mutating: bool, request: Any, code: str, start: float, message: str) -> None:
+    level = logging.INFO if mutating or code not in ("OK", "UNIMPLEMENTED", "NOT_FOUND") else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    extra: dict[str, Any] = {
+        "grpc_method": method,
+        "grpc_code": code,
+        "duration_ms": round((time.perf_counter() - start) * 1000, 3),
+    }
+    group = getattr(request, "id", None)
+    if group:
+        extra["node_group"] = group
+    if hasattr(request, "delta"):
+        extra["delta"] = request.delta
+    if method == "NodeGroupDeleteNodes":
+        extra["nodes"] = [n.providerID or n.name for n in request.nodes][:20]
+    extra["result"] = "ok" if code == "OK" else "error"
+    log.log(level, f"{method} {code}" + (f": {message}" if message else ""), extra=extra)
+
+
+class CloudProviderService(pb_grpc.CloudProviderServicer):
+    def __init__(
+        self,
+        registry: Registry,
+        options: Mapping[str, compat.OptionsOverride] | None = None,
+        on_scale_action: Callable[[Backend, str, str, str], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.options = dict(options or {})
+        self.on_scale_action = on_scale_action
+        self._group_msgs: dict[str, tuple[int, pb.NodeGroupForNodeResponse]] = {}
+        self._nodes_msgs: dict[str, tuple[object, pb.NodeGroupNodesResponse]] = {}
+        self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
+        self._observed: dict[str, int] = {}
+
+    # --------------------------------------------------------------- helpers
+    @staticmethod
+    def _id(request: Any) -> str:
+        if not request.id:
+            raise InvalidRequest("the node group id is empty; use an id returned by NodeGroups")
+        return str(request.id)
+
+    def _backend(self, group_id: str) -> Backend:
+        return self.registry.backend_for_group(group_id)
+
+    def _deadline(self, context: grpc.ServicerContext) -> Deadline:
+        return Deadline.from_grpc_remaining(context.time_remaining())
+
+    def _scale_action(self, backend: Backend, group_id: str, action: str, result: str) -> None:
+        if self.on_scale_action is not None:
+            self.on_scale_action(backend, group_id, action, result)
+
+    # --------------------------------------------------------------- cloud-provider level
+    @rpc()
+    def NodeGroups(
+        self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupsResponse:
+        return pb.NodeGroupsResponse(nodeGroups=[_group_pb(g) for _, g in self.registry.all_groups()])
+
+    @rpc()
+    def NodeGroupForNode(
+        self, request: pb.NodeGroupForNodeRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupForNodeResponse:
+        node = request.node
+        found = self.registry.group_for_provider_id(node.providerID or node.name)
+        if found is None:
+            return _UNMANAGED
+        backend, gid = found
+        version = backend.snapshot.version
+        cached = self._group_msgs.get(gid)
+        if cached is None or cached[0] != version:
+            cached = (version, pb.NodeGroupForNodeResponse(nodeGroup=_group_pb(backend.group(gid))))
+            self._group_msgs[gid] = cached
+        if node.labels and self._observed.get(gid) != version:
+            # A real node of this group: remember its labels for scale-from-zero templates.
+            self._observed[gid] = version
+            backend.observe_node(gid, dict(node.labels))
+        return cached[1]
+
+    @rpc()
+    def PricingNodePrice(
+        self, request: pb.PricingNodePriceRequest, context: grpc.ServicerContext
+    ) -> pb.PricingNodePriceResponse:
+        node = _node_ref(request.node)
+        start, end = compat.pricing_window(request)
+        priced = [b for b in self.registry.backends if _overrides(b.adapter, "node_price")]
+        if not priced:
+            raise NotSupported("no configured backend prices nodes")
+        for backend in priced:
+            gid = backend.adapter.group_for_price_node(node) or backend.group_id_for(node.provider_id)
+            if gid is not None and backend.has_group(gid):
+                return pb.PricingNodePriceResponse(
+                    price=backend.adapter.node_price(backend.group(gid), node, start, end)
+                )
+        raise NodeGroupNotFound(node.labels.get("k8s.scaleway.com/pool", "") or node.provider_id or node.name)
+
+    @rpc()
+    def PricingPodPrice(
+        self, request: pb.PricingPodPriceRequest, context: grpc.ServicerContext
+    ) -> pb.PricingPodPriceResponse:
+        start, end = compat.pricing_window(request)
+        for backend in self.registry.backends:
+            if _overrides(backend.adapter, "pod_price"):
+                return pb.PricingPodPriceResponse(
+                    price=backend.adapter.pod_price(compat.pod_bytes(request), start, end)
+                )
+        raise NotSupported("no configured backend prices pods")
+
+    @rpc()
+    def GPULabel(self, request: pb.GPULabelRequest, context: grpc.ServicerContext) -> pb.GPULabelResponse:
+        labels = [b.adapter.gpu_label for b in self.registry.backends]
+        return pb.GPULabelResponse(label=labels[0] if labels else "")
+
+    @rpc()
+    def GetAvailableGPUTypes(
+        self, request: pb.GetAvailableGPUTypesRequest, context: grpc.ServicerContext
+    ) -> pb.GetAvailableGPUTypesResponse:
+        response = pb.GetAvailableGPUTypesResponse()
+        for backend in self.registry.backends:
+            for gpu_type in backend.adapter.available_gpu_types():
+                response.gpuTypes[gpu_type].CopyFrom(any_pb2.Any())
+        return response
+
+    @rpc()
+    def Cleanup(self, request: pb.CleanupRequest, context: grpc.ServicerContext) -> pb.CleanupResponse:
+        return pb.CleanupResponse()
+
+    @rpc()
+    def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
+        # Cloud reads happen in the background sync; Refresh only refuses state beyond its bound.
+        for backend in self.registry.backends:
+            backend.check_fresh_enough()
+        return pb.RefreshResponse()
+
+    # --------------------------------------------------------------- node-group level
+    @rpc()
+    def NodeGroupTargetSize(
+        self, request: pb.NodeGroupTargetSizeRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupTargetSizeResponse:
+        gid = self._id(request)
+        return pb.NodeGroupTargetSizeResponse(targetSize=self._backend(gid).target_size(gid))
+
+    @rpc(mutating=True)
+    def NodeGroupIncreaseSize(
+        self, request: pb.NodeGroupIncreaseSizeRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupIncreaseSizeResponse:
+        gid = self._id(request)
+        backend = self._backend(gid)
+        try:
+            backend.increase_size(gid, request.delta, self._deadline(context))
+        except DomainError:
+            self._scale_action(backend, gid, "increase", "error")
+            raise
+        self._scale_action(backend, gid, "increase", "ok")
+        return pb.NodeGroupIncreaseSizeResponse()
+
+    @rpc(mutating=True)
+    def NodeGroupDecreaseTargetSize(
+        self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupDecreaseTargetSizeResponse:
+        gid = self._id(request)
+        backend = self._backend(gid)
+        try:
+            backend.decrease_target_size(gid, request.delta, self._deadline(context))
+        except DomainError:
+            self._scale_action(backend, gid, "decrease", "error")
+            raise
+        self._scale_action(backend, gid, "decrease", "ok")
+        return pb.NodeGroupDecreaseTargetSizeResponse()
+
+    @rpc(mutating=True)
+    def NodeGroupDeleteNodes(
+        self, request: pb.NodeGroupDeleteNodesRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupDeleteNodesResponse:
+        gid = self._id(request)
+        backend = self._backend(gid)
+        nodes = [_node_ref(n) for n in request.nodes]
+        try:
+            backend.delete_nodes(gid, nodes, self._deadline(context))
+        except DomainError:
+            self._scale_action(backend, gid, "delete", "error")
+            raise
+        self._scale_action(backend, gid, "delete", "ok")
+        return pb.NodeGroupDeleteNodesResponse()
+
+    @rpc()
+    def NodeGroupNodes(
+        self, request: pb.NodeGroupNodesRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupNodesResponse:
+        gid = self._id(request)
+        backend = self._backend(gid)
+        key = backend.view_key(gid)
+        cached = self._nodes_msgs.get(gid)
+        if cached is None or cached[0] != key:
+            response = pb.NodeGroupNodesResponse(instances=[_instance_pb(i) for i in backend.instances(gid)])
+            cached = (key, response)
+            self._nodes_msgs[gid] = cached
+        return cached[1]
+
+    @rpc()
+    def NodeGroupTemplateNodeInfo(
+        self, request: pb.NodeGroupTemplateNodeInfoRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupTemplateNodeInfoResponse:
+        gid = self._id(request)
+        backend = self._backend(gid)
+        key = backend.template_key(gid)
+        cached = self._template_msgs.get(gid)
+        if cached is None or cached[0] != key:
+            template = backend.template(gid)
+            response = None
+            if template is not None:
+                try:
+                    response = compat.template_response(encode_template(gid, template))
+                except ValueError as err:
+                    log.error("template cannot be encoded", extra={"node_group": gid, "error": str(err)})
+            cached = (key, response)
+            self._template_msgs[gid] = cached
+        if cached[1] is None:
+            # Never OK-with-empty bytes: that makes the CA dereference a nil NodeInfo (section 3.1).
+            raise NotSupported(
+                f"no node template for node group {gid!r}; configure node_groups.{gid}.template "
+                "(labels, capacity, allocatable) to enable scale-from-zero"
+            )
+        return cached[1]
+
+    @rpc()
+    def NodeGroupGetOptions(
+        self, request: pb.NodeGroupAutoscalingOptionsRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGroupAutoscalingOptionsResponse:
+        gid = self._id(request)
+        self._backend(gid)
+        override = self.options.get(gid)
+        if override is None:
+            return _EMPTY_OPTIONS  # every CA version then uses its own flag defaults
+        return compat.build_options(request.defaults, override)
+
+
+def _overrides(adapter: CloudAdapter, method: str) -> bool:
+    return getattr(type(adapter), method) is not getattr(CloudAdapter, method)

@@ -1,0 +1,104 @@
+"""``ca-externalgrpc status``: a table of node groups, sizes and instances from a running server."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos import externalgrpc_pb2 as pb
+from protos import externalgrpc_pb2_grpc as pb_grpc
+
+STATES = {1: "running", 2: "creating", 3: "deleting", 0: "unknown"}
+
+
+def open_channel(address: str, cert: str | None, key: str | None, cacert: str | None) -> grpc.Channel:
+    if not cert:
+        return grpc.insecure_channel(address)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=Path(cacert).read_bytes() if cacert else None,
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes(),
+    )
+    return grpc.secure_channel(address, creds)
+
+
+def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, object]], list[tuple[str, str]]]:
+    stub = pb_grpc.CloudProviderStub(channel)
+    rows: list[dict[str, object]] = []
+    for group in stub.NodeGroups(pb.NodeGroupsRequest(), timeout=timeout).nodeGroups:
+        target = stub.NodeGroupTargetSize(
+            pb.NodeGroupTargetSizeRequest(id=group.id), timeout=timeout
+        ).targetSize
+        instances = stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group.id), timeout=timeout).instances
+        states = Counter(STATES.get(i.status.instanceState, "unknown") for i in instances)
+        errors = sum(1 for i in instances if i.status.errorInfo.errorCode)
+        rows.append(
+            {
+                "id": group.id,
+                "min": group.minSize,
+                "max": group.maxSize,
+                "target": target,
+                "instances": len(instances),
+                **states,
+                "errors": errors,
+                "debug": group.debug,
+            }
+        )
+    health = health_pb2_grpc.HealthStub(channel)
+    backends: list[tuple[str, str]] = []
+    try:
+        names = _backend_health_names(channel, timeout)
+        for name in names:
+            status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout).status
+            backends.append(
+                (name.rsplit(".", 1)[-1], health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+            )
+    except grpc.RpcError:
+        pass
+    return rows, backends
+
+
+def _backend_health_names(channel: grpc.Channel, timeout: float) -> list[str]:
+    """Backend names come from the 'debug' strings; each starts with 'backend=<name>'."""
+    stub = pb_grpc.CloudProviderStub(channel)
+    names = []
+    for group in stub.NodeGroups(pb.NodeGroupsRequest(), timeout=timeout).nodeGroups:
+        if group.debug.startswith("backend="):
+            name = group.debug.split()[0].split("=", 1)[1]
+            full = f"ca-externalgrpc.backend.{name}"
+            if full not in names:
+                names.append(full)
+    return names
+
+
+def render(rows: list[dict[str, object]], backends: list[tuple[str, str]]) -> str:
+    cols = ["id", "min", "max", "target", "instances", "running", "creating", "deleting", "errors", "debug"]
+    table = [[str(row.get(c, 0)) for c in cols] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in table]
+    if backends:
+        lines.append("")
+        lines += [f"backend {name}: {status}" for name, status in backends]
+    return "\n".join(lines)
+
+
+def print_status(
+    address: str,
+    cert: str | None = None,
+    key: str | None = None,
+    cacert: str | None = None,
+    timeout: float = 5.0,
+) -> int:
+    with open_channel(address, cert, key, cacert) as channel:
+        try:
+            rows, backends = collect(channel, timeout)
+        except grpc.RpcError as err:
+            print(f"error: {address}: {err.code().name}: {err.details()}", file=sys.stderr)
+            return 1
+    print(render(rows, backends))
+    return 0
