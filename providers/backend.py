@@ -9,6 +9,7 @@ that started after the change has seen the cloud catch up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from providers.cloud import CloudAdapter
 from providers.deadline import Deadline
 from providers.errors import (
     ChangeOutcomeUnknown,
+    CloudTimeout,
     CloudUnavailable,
     DeadlineTooShort,
     DomainError,
@@ -151,10 +153,8 @@ class Backend:
                 return
             if self._clock() < self._next_sync_at:
                 continue
-            try:
+            with contextlib.suppress(DomainError):  # already logged and recorded by sync()
                 self.sync(Deadline.after(60.0))
-            except DomainError:
-                pass  # already logged and recorded by sync()
 
     def _interval(self) -> float:
         s = self.settings
@@ -184,9 +184,7 @@ class Backend:
             except DomainError as err:
                 self._failures += 1
                 self._last_error = str(err)
-                backoff = min(
-                    self._interval(), self.settings.min_interval * (2 ** min(self._failures - 1, 6))
-                )
+                backoff = min(self._interval(), self.settings.min_interval * (2 ** min(self._failures - 1, 6)))
                 self._next_sync_at = self._clock() + backoff
                 log.warning(
                     "cloud sync failed; serving the last good snapshot",
@@ -362,11 +360,7 @@ class Backend:
         try:
             intent = self._intents.pop(group_id, None)
             group = self._base(group_id, deadline, force_read=intent is not None)
-            if (
-                intent is not None
-                and group.target_size == intent.desired
-                and delta == intent.desired - intent.base
-            ):
+            if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
                 # The earlier call that timed out did land: this is the CA retrying it.
                 log.info(
                     "increase already applied by an earlier call that timed out",
@@ -412,7 +406,7 @@ class Backend:
         try:
             self.adapter.set_target_size(group, desired, deadline)
         except (CloudUnavailable, DeadlineTooShort) as err:
-            if isinstance(err, CloudUnavailable) and "timed out" in str(err):
+            if isinstance(err, CloudTimeout):
                 # The request may have reached the cloud: remember it so a retry is not applied twice.
                 with self._state_lock:
                     self._intents[group.id] = _Intent(group.target_size, desired, self._clock())
@@ -477,8 +471,7 @@ class Backend:
         except DomainError as err:
             if done:
                 err.args = (
-                    f"{err} (deleted {done} of {len(work)} node(s) before the failure; "
-                    "retrying deletes only the rest)",
+                    f"{err} (deleted {done} of {len(work)} node(s) before the failure; retrying deletes only the rest)",
                 )
             raise
         finally:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from providers.deadline import Deadline
 from providers.errors import NotSupported
@@ -37,9 +39,7 @@ class CloudAdapter(abc.ABC):
         """Write the group's desired size (absolute) to the cloud. ``new_size`` may be 0."""
 
     @abc.abstractmethod
-    def delete_instance(
-        self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline
-    ) -> None:
+    def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
         """Terminate one machine of ``group`` and lower its desired size by one (cloud-side)."""
 
     @property
@@ -64,5 +64,29 @@ class CloudAdapter(abc.ABC):
         """The group id a (template) node belongs to for pricing, from its labels; None if unknown."""
         return None
 
+    def instrument(self, metrics: object) -> None:
+        """Hand the adapter's HTTP transport(s) the server's metrics object.
+
+        ``metrics`` has ``observe_cloud_request(provider, endpoint, method, status_or_error, seconds,
+        retried)`` and ``set_breaker_state(provider, state)`` (server/metrics.py). Default: nothing.
+        """
+        return None
+
+    def health_detail(self) -> str:
+        """A short human string about the cloud connection (breaker state, auth), for health/status."""
+        return ""
+
     def close(self) -> None:
         """Release HTTP sessions."""
+        return None
+
+
+@dataclass(frozen=True)
+class CloudType:
+    """How the server's config loader plugs in one cloud package (``providers/<name>/__init__.py``)."""
+
+    name: str
+    # parse_config(key_prefix, raw_mapping, env, env_applies) -> the cloud's validated config object
+    parse_config: Callable[[str, Mapping[str, Any], Mapping[str, str], bool], Any]
+    build_adapter: Callable[[Any], CloudAdapter]
+    default_sync_interval: float

@@ -9,6 +9,9 @@ from providers.errors import DeadlineTooShort
 
 # Time kept back for encoding the answer and the network on the way back to the CA.
 RESPONSE_MARGIN = 0.25
+# A caller without a deadline (grpcurl without -max-time) reports an "infinite" remaining time; no
+# request needs more than this, and timeouts beyond it overflow lock and socket APIs.
+LONGEST_REQUEST = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,9 +23,11 @@ class Deadline:
         return cls(time.monotonic() + seconds)
 
     @classmethod
-    def from_grpc_remaining(cls, remaining: float | None, default: float = 5.0) -> Deadline:
-        """Build from ``ServicerContext.time_remaining()`` (None when the client sent no deadline)."""
-        return cls.after(default if remaining is None else remaining)
+    def from_grpc_remaining(cls, remaining: float | None) -> Deadline:
+        """Build from ``ServicerContext.time_remaining()`` (None or huge when the client sent no deadline)."""
+        if remaining is None or remaining > LONGEST_REQUEST:
+            return cls.after(LONGEST_REQUEST)
+        return cls.after(remaining)
 
     def remaining(self) -> float:
         return self.expires_at - time.monotonic()

@@ -40,6 +40,10 @@ class CloudUnavailable(DomainError):
     """The cloud API cannot be reached or answers 5xx/429 after retries; the caller may retry."""
 
 
+class CloudTimeout(CloudUnavailable):
+    """A cloud call got no answer in time after it may have reached the cloud (outcome unknown)."""
+
+
 class CloudRequestRejected(DomainError):
     """The cloud API refused the request (4xx other than auth); retrying unchanged will not help."""
 

@@ -16,12 +16,21 @@ from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.backend import Backend
 from providers.registry import Registry
 from server.clouds import cloud_type
-from server.config import ServerConfig
+from server.config import ServerConfig, is_loopback
 from server.service import SERVICE_NAME, CloudProviderService
 
 log = logging.getLogger(__name__)
 
 BACKEND_HEALTH_PREFIX = "ca-externalgrpc.backend."
+
+
+def register_secrets(config: ServerConfig) -> None:
+    """Mask every configured credential in all later log output (server/logs.py)."""
+    from server.logs import register_secret
+
+    for bc in config.backends:
+        for secret in getattr(bc.cloud, "secrets", ()):
+            register_secret(secret)
 
 
 def build_backends(config: ServerConfig) -> list[Backend]:
@@ -41,9 +50,7 @@ def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     if tls.client_ca is None:
         return grpc.ssl_server_credentials([pair])
     # Same semantics as the CA's cloud-config and the upstream example: a CA given => client cert required.
-    return grpc.ssl_server_credentials(
-        [pair], root_certificates=tls.client_ca.read_bytes(), require_client_auth=True
-    )
+    return grpc.ssl_server_credentials([pair], root_certificates=tls.client_ca.read_bytes(), require_client_auth=True)
 
 
 @dataclass
@@ -75,9 +82,7 @@ class RunningServer:
 
     def update_health(self, backend: Backend) -> None:
         h = backend.health()
-        status = (
-            health_pb2.HealthCheckResponse.NOT_SERVING if h.stale else health_pb2.HealthCheckResponse.SERVING
-        )
+        status = health_pb2.HealthCheckResponse.NOT_SERVING if h.stale else health_pb2.HealthCheckResponse.SERVING
         self.health.set(BACKEND_HEALTH_PREFIX + backend.name, status)
 
     def stop(self, grace: float | None = None) -> None:
@@ -97,15 +102,12 @@ class RunningServer:
         self.grpc_server.wait_for_termination()
 
 
-def start(
-    config: ServerConfig, backends: list[Backend] | None = None, start_backends: bool = True
-) -> RunningServer:
+def start(config: ServerConfig, backends: list[Backend] | None = None, start_backends: bool = True) -> RunningServer:
+    register_secrets(config)
     registry = Registry(backends if backends is not None else build_backends(config))
     metrics = _metrics()
     interceptors = [metrics.interceptor()] if metrics is not None else []
-    options = {
-        gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None
-    }
+    options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(
         registry, options, on_scale_action=metrics.scale_action if metrics is not None else None
     )
@@ -119,6 +121,12 @@ def start(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     host, port = config.listen
+    if config.tls is None and not is_loopback(host):
+        log.warning(
+            "serving PLAINTEXT gRPC on a non-loopback address: anyone who reaches it can resize and delete "
+            "nodes; configure tls (cert, key, client_ca) unless a network policy or mesh protects this port",
+            extra={"address": f"{host}:{port}"},
+        )
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     creds = _credentials(config)
     bound = server.add_secure_port(bind, creds) if creds is not None else server.add_insecure_port(bind)
@@ -129,6 +137,7 @@ def start(
         backend.listeners.append(running.update_health)
         if metrics is not None:
             backend.listeners.append(metrics.observe_backend)
+            backend.adapter.instrument(metrics)
     if start_backends:
         registry.start()
     for backend in registry.backends:

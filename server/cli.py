@@ -87,29 +87,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ca-externalgrpc", description="cluster-autoscaler externalgrpc server"
-    )
+    parser = argparse.ArgumentParser(prog="ca-externalgrpc", description="cluster-autoscaler externalgrpc server")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="serve the CloudProvider gRPC API for the configured backends")
     serve.add_argument("--config", required=True, help="server YAML config file")
     serve.add_argument("--log-format", choices=["json", "text"], help="override log.format")
-    serve.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], help="override log.level"
-    )
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override log.level")
     serve.set_defaults(func=cmd_serve)
 
-    validate = sub.add_parser(
-        "validate", help="check a server config and/or a CA cloud-config without serving"
-    )
+    validate = sub.add_parser("validate", help="check a server config and/or a CA cloud-config without serving")
     validate.add_argument("--config", help="server YAML config file")
     validate.add_argument("--cloud-config", help="the CA's externalgrpc --cloud-config file")
     validate.set_defaults(func=cmd_validate)
 
-    demo = sub.add_parser(
-        "demo", help="serve against the bundled Scaleway and Bizfly simulators (no credentials)"
-    )
+    demo = sub.add_parser("demo", help="serve against the bundled Scaleway and Bizfly simulators (no credentials)")
     demo.add_argument("--listen", default="127.0.0.1:8086")
     demo.add_argument("--http-listen", default="127.0.0.1:8087")
     demo.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall-clock second")

@@ -23,23 +23,17 @@ def check_cloud_config(path: Path) -> list[str]:
     problems = []
     address = raw.get("address")
     if not isinstance(address, str) or not re.match(r"^(\[[^\]]+\]|[^:\[\]]+):\d+$", address):
-        problems.append(
-            "'address' must be host:port (e.g. 127.0.0.1:8086) — the CA exits when it cannot split it"
-        )
+        problems.append("'address' must be host:port (e.g. 127.0.0.1:8086) — the CA exits when it cannot split it")
     cert, key, cacert = raw.get("cert"), raw.get("key"), raw.get("cacert")
     if cert:
         for name, value in (("key", key), ("cacert", cacert)):
             if not value:
                 problems.append(f"'cert' is set, so '{name}' is required (the CA exits without it)")
     elif key or cacert:
-        problems.append(
-            "'key'/'cacert' are set but 'cert' is empty: the CA then connects in PLAINTEXT; set 'cert' too"
-        )
+        problems.append("'key'/'cacert' are set but 'cert' is empty: the CA then connects in PLAINTEXT; set 'cert' too")
     timeout = raw.get("grpc_timeout")
     if timeout is not None and (not isinstance(timeout, str) or not _GO_DURATION.match(timeout)):
-        problems.append(
-            "'grpc_timeout' must be a Go duration string such as \"10s\" (a bare number fails to parse)"
-        )
+        problems.append("'grpc_timeout' must be a Go duration string such as \"10s\" (a bare number fails to parse)")
     elif isinstance(timeout, str) and re.fullmatch(r"0+(\.0+)?(ns|us|µs|ms|s|m|h)", timeout):
         problems.append("'grpc_timeout' of zero makes every CA call fail; use e.g. \"5s\"")
     unknown = sorted(set(raw) - {"address", "cert", "key", "cacert", "grpc_timeout"})

@@ -1,22 +1,12 @@
-"""The cloud types the config may name, and how to build each one's adapter."""
+"""The cloud types the config may name: each cloud package exports a ``CLOUD_TYPE``."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from providers.cloud import CloudAdapter
+from providers.cloud import CloudType
 
-
-@dataclass(frozen=True)
-class CloudType:
-    name: str
-    # parse_config(key_prefix, raw_mapping, env, env_applies) -> validated cloud config
-    parse_config: Callable[[str, Mapping[str, Any], Mapping[str, str], bool], Any]
-    build_adapter: Callable[[Any], CloudAdapter]
-    default_sync_interval: float
+__all__ = ["CloudType", "cloud_type"]
 
 
 def cloud_type(kind: str) -> CloudType:

@@ -114,9 +114,7 @@ def _mapping(key: str, value: Any) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(
-            key, f"expected a mapping, got {type(value).__name__}", "write it as key: value pairs"
-        )
+        raise ConfigError(key, f"expected a mapping, got {type(value).__name__}", "write it as key: value pairs")
     return value
 
 
@@ -135,9 +133,7 @@ def _file(key: str, value: Any, base: Path) -> Path:
     if not path.is_absolute():
         path = base / path
     if not path.is_file():
-        raise ConfigError(
-            key, f"file {path} does not exist or is not readable", "mount the file or fix the path"
-        )
+        raise ConfigError(key, f"file {path} does not exist or is not readable", "mount the file or fix the path")
     return path
 
 
@@ -247,9 +243,7 @@ def _sync(key: str, raw: Mapping[str, Any], default_interval: float) -> SyncSett
     min_interval = parse_duration(f"{key}.min_interval", raw.get("min_interval", "5s"))
     max_staleness = parse_duration(f"{key}.max_staleness", raw.get("max_staleness", "10m"))
     if interval is not None and interval < 1:
-        raise ConfigError(
-            f"{key}.interval", "a sync interval under 1s would hammer the cloud API", "use 10s or more"
-        )
+        raise ConfigError(f"{key}.interval", "a sync interval under 1s would hammer the cloud API", "use 10s or more")
     if max_staleness < (interval or default_interval):
         raise ConfigError(
             f"{key}.max_staleness",
@@ -271,19 +265,13 @@ def _backend(index: int, raw: Any, env: Mapping[str, str], counts: Mapping[str, 
     raw = _mapping(key, raw)
     kind = str(raw.get("type", ""))
     if kind not in CLOUD_TYPES:
-        raise ConfigError(
-            f"{key}.type", f"unknown backend type {kind!r}", f"use one of: {', '.join(CLOUD_TYPES)}"
-        )
+        raise ConfigError(f"{key}.type", f"unknown backend type {kind!r}", f"use one of: {', '.join(CLOUD_TYPES)}")
     name = str(raw.get("name", kind))
     if not _NAME.match(name):
-        raise ConfigError(
-            f"{key}.name", f"{name!r} is not a valid name", "use lower-case letters, digits and '-'"
-        )
+        raise ConfigError(f"{key}.name", f"{name!r} is not a valid name", "use lower-case letters, digits and '-'")
     _reject_unknown(key, raw, {"name", "type", kind, "sync", "node_groups"})
     cloud = cloud_type(kind)
-    cloud_config = cloud.parse_config(
-        f"{key}.{kind}", _mapping(f"{key}.{kind}", raw.get(kind)), env, counts[kind] == 1
-    )
+    cloud_config = cloud.parse_config(f"{key}.{kind}", _mapping(f"{key}.{kind}", raw.get(kind)), env, counts[kind] == 1)
     sync = _sync(f"{key}.sync", _mapping(f"{key}.sync", raw.get("sync")), cloud.default_sync_interval)
     groups: dict[str, GroupConfig] = {}
     for gid, graw in _mapping(f"{key}.node_groups", raw.get("node_groups")).items():
@@ -291,9 +279,7 @@ def _backend(index: int, raw: Any, env: Mapping[str, str], counts: Mapping[str, 
         graw = _mapping(gkey, graw)
         _reject_unknown(gkey, graw, {"options", "template"})
         options = (
-            _options(f"{gkey}.options", _mapping(f"{gkey}.options", graw["options"]))
-            if "options" in graw
-            else None
+            _options(f"{gkey}.options", _mapping(f"{gkey}.options", graw["options"])) if "options" in graw else None
         )
         template = (
             _template(f"{gkey}.template", _mapping(f"{gkey}.template", graw["template"]))
@@ -328,9 +314,7 @@ def parse(raw: Any, env: Mapping[str, str] | None = None, base: Path | None = No
     tls = _tls(_mapping("tls", raw.get("tls")), base)
     allow = raw.get("allow_plaintext_non_loopback", False)
     if not isinstance(allow, bool):
-        raise ConfigError(
-            "allow_plaintext_non_loopback", f"{allow!r} is not true/false", "write true or false"
-        )
+        raise ConfigError("allow_plaintext_non_loopback", f"{allow!r} is not true/false", "write true or false")
     if tls is None and not is_loopback(listen[0]) and not allow:
         raise ConfigError(
             "listen",
@@ -348,25 +332,18 @@ def parse(raw: Any, env: Mapping[str, str] | None = None, base: Path | None = No
         raise ConfigError("log.level", f"{log_level!r} is not a level", "use debug, info, warning or error")
     max_workers = raw.get("max_workers", 16)
     if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 256:
-        raise ConfigError(
-            "max_workers", f"{max_workers!r} is not a worker count", "use a number from 1 to 256"
-        )
+        raise ConfigError("max_workers", f"{max_workers!r} is not a worker count", "use a number from 1 to 256")
     backends_raw = raw.get("backends")
     if not isinstance(backends_raw, list) or not backends_raw:
-        raise ConfigError(
-            "backends", "no backend is configured", "add at least one entry with type scaleway or bizfly"
-        )
+        raise ConfigError("backends", "no backend is configured", "add at least one entry with type scaleway or bizfly")
     counts = {
-        kind: sum(1 for b in backends_raw if isinstance(b, Mapping) and b.get("type") == kind)
-        for kind in CLOUD_TYPES
+        kind: sum(1 for b in backends_raw if isinstance(b, Mapping) and b.get("type") == kind) for kind in CLOUD_TYPES
     }
     backends = tuple(_backend(i, b, env, counts) for i, b in enumerate(backends_raw))
     names = [b.name for b in backends]
     for name in names:
         if names.count(name) > 1:
-            raise ConfigError(
-                "backends", f"two backends are named {name!r}", "give every backend a unique name"
-            )
+            raise ConfigError("backends", f"two backends are named {name!r}", "give every backend a unique name")
     return ServerConfig(
         listen=listen,
         http_listen=http_listen,

@@ -431,7 +431,9 @@ def serve_http(
     bind_host = host.strip("[]")
     server_cls = _server_class(bind_host)
     httpd = server_cls((bind_host, port), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, name="http-probes", daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="http-probes", daemon=True
+    )
     thread.start()
     return HttpEndpoint(httpd, thread)
 

@@ -48,9 +48,7 @@ def encode_template(group_id: str, template: NodeTemplate, now: float | None = N
     for target, values in ((node.status.capacity, capacity), (node.status.allocatable, allocatable)):
         for key, value in values.items():
             if not is_valid_quantity(value):
-                raise ValueError(
-                    f"template of node group {group_id!r}: {key}={value!r} is not a valid quantity"
-                )
+                raise ValueError(f"template of node group {group_id!r}: {key}={value!r} is not a valid quantity")
             target[key].string = value
     transition = int(now) - 60
     for ctype, status, reason, message in READY_CONDITIONS:

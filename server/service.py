@@ -135,9 +135,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     # --------------------------------------------------------------- cloud-provider level
     @rpc()
-    def NodeGroups(
-        self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext
-    ) -> pb.NodeGroupsResponse:
+    def NodeGroups(self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext) -> pb.NodeGroupsResponse:
         return pb.NodeGroupsResponse(nodeGroups=[_group_pb(g) for _, g in self.registry.all_groups()])
 
     @rpc()

@@ -30,9 +30,7 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
     stub = pb_grpc.CloudProviderStub(channel)
     rows: list[dict[str, object]] = []
     for group in stub.NodeGroups(pb.NodeGroupsRequest(), timeout=timeout).nodeGroups:
-        target = stub.NodeGroupTargetSize(
-            pb.NodeGroupTargetSizeRequest(id=group.id), timeout=timeout
-        ).targetSize
+        target = stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=group.id), timeout=timeout).targetSize
         instances = stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group.id), timeout=timeout).instances
         states = Counter(STATES.get(i.status.instanceState, "unknown") for i in instances)
         errors = sum(1 for i in instances if i.status.errorInfo.errorCode)
@@ -54,9 +52,7 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
         names = _backend_health_names(channel, timeout)
         for name in names:
             status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout).status
-            backends.append(
-                (name.rsplit(".", 1)[-1], health_pb2.HealthCheckResponse.ServingStatus.Name(status))
-            )
+            backends.append((name.rsplit(".", 1)[-1], health_pb2.HealthCheckResponse.ServingStatus.Name(status)))
     except grpc.RpcError:
         pass
     return rows, backends

@@ -1,0 +1,197 @@
+"""HTTP client for the Bizfly Kubernetes Engine API (the calls upstream's gobizfly makes, made safely).
+
+Calls (reference/bizfly-api.md sections 0 and 3), relative to the Kubernetes Engine endpoint:
+
+* ``GET    /_/{cluster}``                 the cluster with its worker pools (bare object)
+* ``GET    /_/{cluster}/{pool}``          one pool with its nodes (bare object)
+* ``PATCH  /_/{cluster}/{pool}``          ``{"desired_size": N}``; N is sent even when 0 (upstream's
+  ``omitempty`` turned a 0 target into ``{}``, a no-op, so scale to 0 never reached the cloud)
+* ``DELETE /_/{cluster}/{pool}/{node}``   no ``?force=true``: the vendored upstream client never sends
+  it (only a newer gobizfly did, briefly), and the CA has already drained the node itself
+
+The endpoint is ``kubernetes_engine_url`` when configured, else the ``service_url`` of the service
+catalog entry ``kubernetes_engine`` whose region matches after normalisation (regions.py). The
+catalog (``<api_url>/api/auth/service``) needs no credentials, as upstream, and is read once.
+
+Every call has a deadline, bounded retries, a circuit breaker (providers/http_transport.py) and the
+upstream headers: ``X-Auth-Token``, ``X-Auth-Type: token``, ``X-Tenant-Name`` (the e-mail) and
+``X-Tenant-Id``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+from providers.bizfly.auth import TokenSource, base_of, using_deadline
+from providers.bizfly.config import BizflyConfig, catalog_url
+from providers.bizfly.regions import normalize_region, same_region
+from providers.deadline import Deadline
+from providers.errors import CloudRequestRejected, CloudUnavailable
+from providers.http_transport import BreakerSettings, HttpTransport, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+PROVIDER = "bizfly"
+USER_AGENT = "ca-externalgrpc-server/0.1 (bizfly)"
+KUBERNETES_ENGINE_SERVICE = "kubernetes_engine"
+# The token endpoint is retried less: a login that keeps failing must cost few requests.
+TOKEN_RETRY = RetryPolicy(attempts=2)
+
+
+def error_message(status: int, body: Any) -> str:
+    """The human part of a Bizfly error body; its schema is undocumented, ``message`` is common."""
+    if isinstance(body, Mapping):
+        for key in ("message", "error", "detail", "description"):
+            value = body.get(key)
+            if isinstance(value, str) and value:
+                return value
+            if isinstance(value, Mapping) and isinstance(value.get("message"), str):
+                return str(value["message"])
+    return body if isinstance(body, str) else ""
+
+
+def _segment(value: str) -> str:
+    # Upstream joins ids unescaped; an id with "/" (e.g. a tampered node label) must not change the path.
+    return quote(value, safe="")
+
+
+class BizflyClient:
+    """The four Kubernetes Engine calls the backend needs, plus token and catalog handling."""
+
+    def __init__(
+        self,
+        config: BizflyConfig,
+        *,
+        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, immutable default
+        breaker: BreakerSettings = BreakerSettings(),  # noqa: B008 - frozen, immutable default
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+        token_refresh_margin: float | None = None,
+        token_failure_cooldown: float | None = None,
+    ) -> None:
+        self.config = config
+        self._transport_args: dict[str, Any] = {
+            "user_agent": USER_AGENT,
+            "error_message": error_message,
+            "breaker": breaker,
+            "max_timeout": config.request_timeout,
+            "clock": clock,
+            "sleep": sleep,
+            "secrets": config.secrets,
+        }
+        self._retry = retry
+        self._token_transport = HttpTransport(
+            f"{PROVIDER}-token", base_of(config.token_url), retry=TOKEN_RETRY, **self._transport_args
+        )
+        self._catalog_transport = HttpTransport(
+            f"{PROVIDER}-catalog", base_of(config.api_url), retry=retry, **self._transport_args
+        )
+        options: dict[str, Any] = {}
+        if token_refresh_margin is not None:
+            options["refresh_margin"] = token_refresh_margin
+        if token_failure_cooldown is not None:
+            options["failure_cooldown"] = token_failure_cooldown
+        self.tokens = TokenSource(
+            config, self._token_transport, clock=clock, wall_clock=wall_clock, on_token=self._add_secret, **options
+        )
+        self._lock = threading.Lock()
+        self._api: HttpTransport | None = None
+        self._api_prefix = ""
+        self._metrics: Any = None
+
+    # ------------------------------------------------------------------ the four calls
+    def get_cluster(self, deadline: Deadline) -> Any:
+        return self._call("GET", f"/_/{_segment(self.config.cluster_name)}", "/_/{cluster}", deadline).body
+
+    def get_pool(self, pool_id: str, deadline: Deadline) -> Any:
+        path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
+        return self._call("GET", path, "/_/{cluster}/{pool}", deadline).body
+
+    def set_desired_size(self, pool_id: str, size: int, deadline: Deadline) -> None:
+        path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
+        self._call("PATCH", path, "/_/{cluster}/{pool}", deadline, json_body={"desired_size": int(size)})
+
+    def delete_node(self, pool_id: str, node_id: str, deadline: Deadline) -> None:
+        path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}/{_segment(node_id)}"
+        self._call("DELETE", path, "/_/{cluster}/{pool}/{node}", deadline)
+
+    # ------------------------------------------------------------------ plumbing
+    def _call(self, method: str, path: str, endpoint: str, deadline: Deadline, json_body: Any = None) -> Any:
+        with using_deadline(deadline):
+            api = self._api_transport(deadline)
+            return api.request(
+                method, self._api_prefix + path, endpoint=endpoint, deadline=deadline, json_body=json_body
+            )
+
+    def _api_transport(self, deadline: Deadline) -> HttpTransport:
+        with self._lock:
+            if self._api is not None:
+                return self._api
+            url = self.config.kubernetes_engine_url or self._catalog_lookup(deadline)
+            # The endpoint URL carries a path (…/api/kubernetes-engine): the transport gets the
+            # scheme and host, and every call is prefixed with the path.
+            prefix = url[len(base_of(url)) :].rstrip("/")
+            api = HttpTransport(
+                PROVIDER, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
+            )
+            if self._metrics is not None:
+                api.instrument(self._metrics)
+            self._api, self._api_prefix = api, prefix
+            return api
+
+    def _catalog_lookup(self, deadline: Deadline) -> str:
+        url = catalog_url(self.config.api_url)
+        response = self._catalog_transport.request(
+            "GET", url[len(base_of(url)) :], endpoint="/api/auth/service", deadline=deadline
+        )
+        services = response.body.get("services") if isinstance(response.body, Mapping) else None
+        if not isinstance(services, list):
+            raise CloudUnavailable(
+                f"malformed answer from the Bizfly service catalog {url}: no 'services' list; check api_url"
+            )
+        offered: list[str] = []
+        for entry in services:
+            if not isinstance(entry, Mapping) or entry.get("canonical_name") != KUBERNETES_ENGINE_SERVICE:
+                continue
+            region = str(entry.get("region") or "")
+            offered.append(region)
+            service_url = entry.get("service_url")
+            if same_region(region, self.config.region) and isinstance(service_url, str) and service_url:
+                log.info(
+                    "Bizfly Kubernetes Engine endpoint found in the service catalog",
+                    extra={"provider": PROVIDER, "region": normalize_region(region), "endpoint_url": service_url},
+                )
+                return service_url.rstrip("/")
+        # Upstream silently falls back to a URL that is not the Kubernetes Engine (reference section 1).
+        raise CloudRequestRejected(
+            f"the Bizfly service catalog at {url} has no {KUBERNETES_ENGINE_SERVICE} endpoint for region "
+            f"{self.config.region!r} (regions offered: {', '.join(offered) or 'none'}); set region to one of "
+            "them, or set kubernetes_engine_url explicitly",
+            status=None,
+        )
+
+    def _add_secret(self, token: str) -> None:
+        for transport in (self._token_transport, self._catalog_transport, self._api):
+            if transport is not None:
+                transport.add_secret(token)
+
+    def instrument(self, metrics: Any) -> None:
+        self._metrics = metrics
+        for transport in (self._token_transport, self._catalog_transport, self._api):
+            if transport is not None:
+                transport.instrument(metrics)
+
+    @property
+    def breaker_state(self) -> str:
+        return self._api.breaker_state if self._api is not None else self._catalog_transport.breaker_state
+
+    def close(self) -> None:
+        for transport in (self._token_transport, self._catalog_transport, self._api):
+            if transport is not None:
+                transport.close()

@@ -1,0 +1,48 @@
+"""Bizfly region names: one canonical spelling for the many the config and the catalog use.
+
+The service catalog has been seen to say ``HN``, ``hn`` and ``HaNoi`` for the same region, and the
+upstream client compared strings exactly, silently falling back to a wrong URL on a mismatch
+(reference/bizfly-api.md section 1 "Region -> endpoint"). Both sides are normalised here before
+they are compared.
+"""
+
+from __future__ import annotations
+
+import re
+
+HANOI = "HaNoi"
+HOCHIMINH = "HoChiMinh"
+VC_HANOI = "VC-HaNoi"
+
+# Keys are the spelling with case, spaces, dashes, dots and underscores removed.
+_ALIASES: dict[str, str] = {
+    "hn": HANOI,
+    "hanoi": HANOI,
+    "hcm": HOCHIMINH,
+    "hochiminh": HOCHIMINH,
+    "hochiminhcity": HOCHIMINH,
+    "saigon": HOCHIMINH,
+    "vchanoi": VC_HANOI,
+    "vchn": VC_HANOI,
+}
+_SEPARATORS = re.compile(r"[\s._-]+")
+
+KNOWN_REGIONS = (HANOI, HOCHIMINH, VC_HANOI)
+
+
+def _squash(region: str) -> str:
+    return _SEPARATORS.sub("", region.strip()).lower()
+
+
+def normalize_region(region: str) -> str:
+    """The canonical name of ``region``; an unknown region is kept as written (trimmed).
+
+    Unknown names are not rejected: Bizfly may open regions after this code was written, and the
+    catalog comparison (``same_region``) still ignores case and separators for them.
+    """
+    return _ALIASES.get(_squash(region), region.strip())
+
+
+def same_region(left: str, right: str) -> bool:
+    """True when two spellings name the same region (``HN`` == ``hn`` == ``HaNoi`` == ``ha-noi``)."""
+    return _squash(normalize_region(left)) == _squash(normalize_region(right))

@@ -1,0 +1,557 @@
+"""Shared JSON-over-HTTP transport for the cloud clients (Scaleway, Bizfly).
+
+One ``requests.Session`` per cloud client. Every call takes its timeouts from the caller's
+``Deadline``, retries a bounded number of times with exponential backoff and full jitter (honouring
+``Retry-After``), and goes through a circuit breaker so a dead cloud API fails fast instead of eating
+every CA deadline. Errors are ``providers.errors`` types with actionable messages that never contain
+credentials: auth headers are built per attempt and never logged, and the values passed in
+``secrets=`` are masked from every message this module produces.
+
+Retry rules (why): an idempotent call (GET/HEAD/PUT/DELETE by default) may be repeated safely after
+any transient failure. A non-idempotent call (POST/PATCH) is repeated only when the request certainly
+did not reach the cloud — 429 (refused by the rate limiter), a connection that never opened, or 503
+with ``Retry-After`` (the service says it did not process it). After a read timeout or a dropped
+connection its outcome is unknown, so ``CloudTimeout`` is raised at once and the backend re-reads the
+cloud before deciding anything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+import urllib3.exceptions
+
+from providers.deadline import RESPONSE_MARGIN, Deadline
+from providers.errors import (
+    CloudAuthFailed,
+    CloudRequestRejected,
+    CloudTimeout,
+    CloudUnavailable,
+)
+
+log = logging.getLogger("providers.http")
+
+#: statuses that say "try again later" rather than "your request is wrong"
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+_IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_MASK = "***"
+# Bodies quoted in error messages are cut to this length: enough to read the cloud's reason.
+_MAX_QUOTED_BODY = 300
+# Shortest time worth starting an attempt with; below this the attempt would only time out.
+_MIN_ATTEMPT_TIMEOUT = 0.05
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half-open"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff and full jitter."""
+
+    attempts: int = 4  # total attempts including the first
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+    max_retry_after: float = 30.0  # a longer Retry-After (or one past the deadline) => give up now
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be at least 1")
+        if self.base_delay < 0 or self.max_delay < 0 or self.max_retry_after < 0:
+            raise ValueError("RetryPolicy delays must not be negative")
+
+    def backoff(self, retry_number: int, rng: Callable[[], float]) -> float:
+        """Full jitter: uniform in [0, min(max_delay, base_delay * 2**(retry_number-1))]."""
+        ceiling = min(self.max_delay, self.base_delay * (2 ** max(retry_number - 1, 0)))
+        return rng() * ceiling
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerSettings:
+    """After ``failure_threshold`` consecutive failed calls the breaker opens for ``reset_after``
+    seconds (calls fail fast); then one probe call decides between closed and open again."""
+
+    failure_threshold: int = 5
+    reset_after: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ValueError("BreakerSettings.failure_threshold must be at least 1")
+        if self.reset_after < 0:
+            raise ValueError("BreakerSettings.reset_after must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class JsonResponse:
+    status: int
+    headers: Mapping[str, str]  # case-insensitive (requests' CaseInsensitiveDict)
+    body: Any  # parsed JSON, or None for an empty body
+
+
+def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date); None if absent/bad."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return max(when.timestamp() - now(), 0.0)
+
+
+class _Breaker:
+    """Consecutive-failure circuit breaker; thread-safe. Only one probe runs while half-open."""
+
+    def __init__(self, settings: BreakerSettings, clock: Callable[[], float], on_change: Callable[[str], None]):
+        self._settings = settings
+        self._clock = clock
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self._state = CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._probe_in_flight = False
+
+    @property
+    def state(self) -> str:
+        with self._lock:
+            if self._state == OPEN and self._clock() - self._opened_at >= self._settings.reset_after:
+                return HALF_OPEN
+            return self._state
+
+    def admit(self) -> tuple[bool, bool, float]:
+        """(admitted, is_probe, seconds until the next probe is allowed)."""
+        changed = None
+        with self._lock:
+            if self._state == CLOSED:
+                return True, False, 0.0
+            waited = self._clock() - self._opened_at
+            if self._state == OPEN and waited >= self._settings.reset_after:
+                self._state = changed = HALF_OPEN
+            if self._state == HALF_OPEN and not self._probe_in_flight:
+                self._probe_in_flight = True
+                admitted = (True, True, 0.0)
+            else:
+                admitted = (False, False, max(self._settings.reset_after - waited, 0.0))
+        if changed:
+            self._on_change(changed)
+        return admitted
+
+    def record(self, success: bool, probe: bool) -> None:
+        changed = None
+        with self._lock:
+            if probe:
+                self._probe_in_flight = False
+            if success:
+                self._failures = 0
+                if self._state != CLOSED:
+                    self._state = changed = CLOSED
+            else:
+                self._failures += 1
+                if self._state == HALF_OPEN or (
+                    self._state == CLOSED and self._failures >= self._settings.failure_threshold
+                ):
+                    self._state = changed = OPEN
+                    self._opened_at = self._clock()
+        if changed:
+            self._on_change(changed)
+
+    def release_probe(self) -> None:
+        """A probe that ended without saying anything about the cloud (e.g. DeadlineTooShort)."""
+        with self._lock:
+            self._probe_in_flight = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """One attempt's result before it is turned into an answer or an error."""
+
+    response: requests.Response | None = None
+    error: Exception | None = None
+    label: str = ""  # status code or error kind, for metrics/logs
+    reached_cloud: bool = True  # False only when the request certainly never reached the cloud
+
+
+class HttpTransport:
+    """JSON over HTTP with deadlines, bounded retries, a circuit breaker, metrics and safe messages."""
+
+    def __init__(
+        self,
+        provider: str,
+        base_url: str,
+        *,
+        user_agent: str,
+        auth: Callable[[bool], Mapping[str, str]] | None = None,
+        error_message: Callable[[int, Any], str] | None = None,
+        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, immutable default
+        breaker: BreakerSettings = BreakerSettings(),  # noqa: B008 - frozen, immutable default
+        max_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Callable[[], float] = random.random,
+        secrets: Iterable[str] = (),
+        is_auth_failure: Callable[[int, Any], bool] | None = None,
+    ) -> None:
+        """``is_auth_failure(status, body)`` decides whether a 401/403 is a credentials problem
+        (default: always). Some clouds answer 403 for other refusals, e.g. Scaleway's
+        ``quotas_exceeded``, which must not read as "check your key"."""
+        self.provider = provider
+        self.base_url = base_url.rstrip("/")
+        # For messages: a URL may carry user:password@ (some proxies); never repeat that part.
+        parts = urlsplit(self.base_url)
+        self._shown_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        self._auth = auth
+        self._error_message = error_message
+        self._is_auth_failure = is_auth_failure
+        self._retry = retry
+        self._max_timeout = max_timeout
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = rng
+        # Longest first so a secret that contains another is masked whole.
+        self._secrets = tuple(sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True))
+        self._metrics: Any = None
+        self._breaker = _Breaker(breaker, clock, self._breaker_changed)
+        self._session = requests.Session()
+        self._session.headers.update({"User-Agent": user_agent, "Accept": "application/json"})
+
+    # ------------------------------------------------------------------ public
+    @property
+    def breaker_state(self) -> str:
+        return self._breaker.state
+
+    def instrument(self, metrics: Any) -> None:
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.set_breaker_state(self.provider, self._breaker.state)
+
+    def close(self) -> None:
+        self._session.close()
+
+    def add_secret(self, value: str | None) -> None:
+        """Mask one more value (e.g. a token obtained at run time) in every later message."""
+        if value and len(value) >= 4 and value not in self._secrets:
+            self._secrets = tuple(sorted({*self._secrets, value}, key=len, reverse=True))
+
+    def redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, _MASK)
+        return text
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        endpoint: str,
+        deadline: Deadline,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        idempotent: bool | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> JsonResponse:
+        """Send one logical call; return the parsed 2xx answer or raise a ``providers.errors`` type.
+
+        ``endpoint`` is the route template ("GET /pools/{pool_id}" style names are fine) used for
+        metrics and messages; the concrete path never appears in them (it may carry ids users grep
+        for, but the template keeps metric cardinality bounded).
+        """
+        method = method.upper()
+        if idempotent is None:
+            idempotent = method in _IDEMPOTENT_METHODS
+        admitted, probe, wait = self._breaker.admit()
+        if not admitted:
+            raise CloudUnavailable(
+                f"{self.provider} API calls are suspended for {wait:.0f}s more after repeated failures "
+                f"(circuit breaker open; {method} {endpoint} not sent); check the cloud's status page and "
+                "network path, the breaker probes again automatically"
+            )
+        try:
+            response = self._call(method, path, endpoint, deadline, params, json_body, idempotent, headers, probe)
+        except CloudUnavailable:
+            self._breaker.record(success=False, probe=probe)
+            raise
+        except BaseException:
+            # Auth failures, rejections and too-short deadlines say the cloud answered (or was
+            # never asked): they do not count against the breaker.
+            if probe:
+                self._breaker.release_probe()
+            raise
+        self._breaker.record(success=True, probe=probe)
+        return response
+
+    # ------------------------------------------------------------------ internals
+    def _call(
+        self,
+        method: str,
+        path: str,
+        endpoint: str,
+        deadline: Deadline,
+        params: Mapping[str, Any] | None,
+        json_body: Any,
+        idempotent: bool,
+        extra_headers: Mapping[str, str] | None,
+        probe: bool,
+    ) -> JsonResponse:
+        url = self.base_url + (path if path.startswith("/") else "/" + path)
+        # A half-open probe is a single attempt: its only job is to tell whether the cloud is back.
+        attempts = 1 if probe else self._retry.attempts
+        auth_refreshed = refresh_auth = False
+        attempt = 0
+        while True:
+            attempt += 1
+            timeout = deadline.timeout(cap=self._max_timeout, needed=_MIN_ATTEMPT_TIMEOUT)
+            send_headers = dict(extra_headers or {})
+            if self._auth is not None:
+                # auth(True) asks for a fresh token; its answer is used for the repeated request.
+                send_headers.update(self._auth(refresh_auth))
+                refresh_auth = False
+            outcome = self._attempt(method, url, endpoint, timeout, params, json_body, send_headers, attempt)
+            response = outcome.response
+
+            if response is not None and response.status_code == 401 and self._auth is not None and not auth_refreshed:
+                # A token may expire between two calls: refresh it once, then a second 401 is final.
+                auth_refreshed = refresh_auth = True
+                attempt -= 1  # the refresh retry does not use up a transient-failure attempt
+                continue
+            if response is not None and response.status_code < 400:
+                return self._parse_success(response, method, endpoint)
+            if response is not None and response.status_code not in RETRYABLE_STATUSES:
+                raise self._client_error(response, method, endpoint)
+
+            # Transient: a retryable status or no answer at all.
+            failure = self._transient_error(outcome, method, endpoint, idempotent)
+            retry_after = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None
+            safe_to_repeat = idempotent or self._certainly_not_processed(outcome, retry_after)
+            if not safe_to_repeat or attempt >= attempts:
+                raise failure
+            delay = self._retry.backoff(attempt, self._rng) if retry_after is None else retry_after
+            if retry_after is not None and retry_after > self._retry.max_retry_after:
+                raise type(failure)(
+                    f"{failure} The cloud asked to wait {retry_after:.0f}s (Retry-After), longer than the "
+                    f"{self._retry.max_retry_after:.0f}s this server waits inside one call; it will try again "
+                    "on the next call"
+                )
+            room = deadline.remaining() - RESPONSE_MARGIN - _MIN_ATTEMPT_TIMEOUT
+            if delay > room:
+                raise type(failure)(
+                    f"{failure} Not retrying: waiting {delay:.2f}s would pass the caller's deadline "
+                    f"({max(room, 0.0):.2f}s usable left)"
+                )
+            log.info(
+                "retrying %s %s in %.2fs after %s",
+                method,
+                endpoint,
+                delay,
+                outcome.label,
+                extra={"provider": self.provider, "endpoint": endpoint, "status": outcome.label, "attempt": attempt},
+            )
+            if delay > 0:
+                self._sleep(delay)
+
+    def _attempt(
+        self,
+        method: str,
+        url: str,
+        endpoint: str,
+        timeout: float,
+        params: Mapping[str, Any] | None,
+        json_body: Any,
+        headers: Mapping[str, str],
+        attempt: int,
+    ) -> _Outcome:
+        started = self._clock()
+        try:
+            response = self._session.request(
+                method,
+                url,
+                params=params,
+                json=json_body,
+                headers=headers,
+                timeout=(timeout, timeout),
+            )
+            # Read the body inside the timed section so a slow body counts as part of the call.
+            _ = response.content
+            outcome = _Outcome(response=response, label=str(response.status_code))
+        except requests.exceptions.ConnectTimeout as exc:
+            outcome = _Outcome(error=exc, label="connect_timeout", reached_cloud=False)
+        except requests.exceptions.ReadTimeout as exc:
+            outcome = _Outcome(error=exc, label="timeout")
+        except requests.exceptions.ConnectionError as exc:
+            # "Connection refused" / DNS failure: the request was never sent. A reset or a closed
+            # connection after sending: it may have been processed.
+            never_sent = _failed_to_connect(exc)
+            outcome = _Outcome(
+                error=exc, label="connection_refused" if never_sent else "connection", reached_cloud=not never_sent
+            )
+        except requests.exceptions.RequestException as exc:
+            outcome = _Outcome(error=exc, label="connection")
+        seconds = self._clock() - started
+        self._report(endpoint, method, outcome.label, seconds, attempt)
+        return outcome
+
+    def _report(self, endpoint: str, method: str, label: str, seconds: float, attempt: int) -> None:
+        level = logging.DEBUG if label.isdigit() and int(label) < 400 else logging.WARNING
+        log.log(
+            level,
+            "%s %s %s -> %s in %.0fms",
+            self.provider,
+            method,
+            endpoint,
+            label,
+            seconds * 1000,
+            extra={
+                "provider": self.provider,
+                "endpoint": endpoint,
+                "status": label,
+                "attempt": attempt,
+                "duration_ms": round(seconds * 1000, 1),
+            },
+        )
+        if self._metrics is not None:
+            status: int | str = int(label) if label.isdigit() else label
+            self._metrics.observe_cloud_request(self.provider, endpoint, method, status, seconds, attempt > 1)
+
+    def _breaker_changed(self, state: str) -> None:
+        log.warning(
+            "%s API circuit breaker is now %s",
+            self.provider,
+            state,
+            extra={"provider": self.provider, "breaker": state},
+        )
+        if self._metrics is not None:
+            self._metrics.set_breaker_state(self.provider, state)
+
+    @staticmethod
+    def _certainly_not_processed(outcome: _Outcome, retry_after: float | None) -> bool:
+        if not outcome.reached_cloud:
+            return True
+        if outcome.response is None:
+            return False
+        status = outcome.response.status_code
+        return status == 429 or (status == 503 and retry_after is not None)
+
+    def _transient_error(self, outcome: _Outcome, method: str, endpoint: str, idempotent: bool) -> CloudUnavailable:
+        what = f"{self.provider} API {method} {endpoint}"
+        if outcome.response is not None:
+            detail = self._describe_body(outcome.response)
+            return CloudUnavailable(
+                self.redact(
+                    f"{what} answered {outcome.response.status_code}{detail}; the cloud is overloaded or failing, "
+                    "the call will be retried later"
+                )
+            )
+        if outcome.label == "timeout":
+            if idempotent:
+                return CloudTimeout(f"{what} got no answer within the time the caller's deadline allowed")
+            return CloudTimeout(
+                f"{what} got no answer in time; the change may or may not have been applied, the state is "
+                "re-read from the cloud before any retry"
+            )
+        if outcome.label == "connection" and not idempotent:
+            return CloudTimeout(
+                f"{what}: the connection closed without an answer; the change may or may not have been "
+                "applied, the state is re-read from the cloud before any retry"
+            )
+        if outcome.label == "connect_timeout":
+            return CloudTimeout(f"{what}: could not connect to {self._shown_url} in time; check the network path")
+        reason = "connection refused" if outcome.label == "connection_refused" else "connection failed"
+        return CloudUnavailable(
+            self.redact(f"{what} failed: {reason} talking to {self._shown_url}; check the api_url and network path")
+        )
+
+    def _client_error(self, response: requests.Response, method: str, endpoint: str) -> Exception:
+        status = response.status_code
+        body = _json_or_text(response)
+        if self._error_message is not None:
+            try:
+                reason = self._error_message(status, body)
+            except Exception:  # noqa: BLE001 - a bad error body must not hide the real error
+                reason = ""
+        else:
+            reason = ""
+        if not reason:
+            reason = self._describe_body(response).removeprefix(": ")
+        what = f"{self.provider} API {method} {endpoint} answered {status}"
+        if status in (401, 403) and (self._is_auth_failure is None or self._is_auth_failure(status, body)):
+            hint = (
+                "the credentials were refused; check the secret key/token and that it may manage this cluster"
+                if status == 401
+                else "the credentials lack permission for this call; grant the key the needed permissions"
+            )
+            return CloudAuthFailed(self.redact(f"{what}: {reason or 'unauthorized'} ({hint})"))
+        return CloudRequestRejected(self.redact(f"{what}: {reason or 'request rejected'}"), status=status)
+
+    def _describe_body(self, response: requests.Response) -> str:
+        body = _json_or_text(response)
+        if body in (None, ""):
+            return ""
+        text = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"), sort_keys=True)
+        if len(text) > _MAX_QUOTED_BODY:
+            text = text[:_MAX_QUOTED_BODY] + "..."
+        return ": " + self.redact(text)
+
+    def _parse_success(self, response: requests.Response, method: str, endpoint: str) -> JsonResponse:
+        raw = response.content
+        if not raw.strip():
+            return JsonResponse(response.status_code, response.headers, None)
+        content_type = response.headers.get("Content-Type", "")
+        if "json" not in content_type.lower():
+            raise CloudUnavailable(
+                f"malformed answer from {self.provider} API {method} {endpoint}: expected JSON, got content "
+                f"type {content_type or 'none'!r} (a proxy or captive portal in the path?)"
+            )
+        try:
+            body = json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not text
+            why = f"{exc.msg} at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+            raise CloudUnavailable(
+                f"malformed answer from {self.provider} API {method} {endpoint}: invalid JSON ({why})"
+            ) from None
+        return JsonResponse(response.status_code, response.headers, body)
+
+
+def _json_or_text(response: requests.Response) -> Any:
+    raw = response.content
+    if not raw or not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", errors="replace").strip()
+
+
+def _failed_to_connect(exc: BaseException) -> bool:
+    """True when the chain shows the TCP connection never opened (refused, unreachable, DNS)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
+            return True
+        if isinstance(current, urllib3.exceptions.MaxRetryError) and current.reason is not None:
+            current = current.reason
+            continue
+        nested = current.args[0] if current.args and isinstance(current.args[0], BaseException) else None
+        current = nested or current.__cause__ or current.__context__
+    return False

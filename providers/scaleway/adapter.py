@@ -1,0 +1,259 @@
+"""Kapsule pools as node groups: the Scaleway ``CloudAdapter``.
+
+Only what is Scaleway-specific lives here (reference/scaleway-api.md section 3): which pools are
+groups, how nodes map to instances, how a size is written and a node deleted, templates and prices.
+Delta and min/max checks, pending changes, locking and syncing are the shared ``Backend``'s.
+
+What this adapter relies on from Kapsule:
+- ``DELETE .../autoscaler/nodes/{id}`` drains the node and lowers its pool's ``size`` by one on the
+  cloud side (public API docs: "Pool size is reduced by 1"; upstream mirrors it with a local
+  ``pool.Size--`` after the call). So ``delete_instance`` only deletes; it never PATCHes the size,
+  which would race with the cloud's own decrement.
+- ``PATCH .../autoscaler/pools/{id}`` with ``{"size": n}`` sets the absolute desired size.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping
+
+from providers.cloud import CloudAdapter
+from providers.deadline import Deadline
+from providers.errors import CloudRequestRejected, GroupBusy, NodeGroupNotFound, NotSupported
+from providers.http_transport import BreakerSettings, RetryPolicy
+from providers.model import CloudListing, GroupState, Instance, NodeRef, NodeTemplate
+from providers.scaleway.client import Node, Pool, ScalewayClient
+from providers.scaleway.config import ScalewayConfig
+from providers.scaleway.statuses import KNOWN_STATUSES, instance_status
+from providers.scaleway.templates import GPU_LABEL, POOL_ID_LABEL, gpu_type, pool_template
+
+log = logging.getLogger("providers.scaleway")
+
+# Pool statuses in which Kapsule refuses size changes (the API answers 409 transient_state).
+BUSY_POOL_STATUSES = frozenset({"locked", "upgrading"})
+# Prefix of the id of a node Kapsule has not given a machine yet (empty provider_id), see synthetic_id.
+SYNTHETIC_ID_PREFIX = "scaleway://kapsule-node/"
+
+
+def synthetic_id(node: Node) -> str:
+    """Instance id for a node whose ``provider_id`` is still empty (or duplicated).
+
+    Upstream keys nodes by ``provider_id``, so several nodes being created collapse into one map entry
+    and the CA under-counts upcoming nodes (reference section 2.3). We give such a node an id built
+    from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
+    unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` provider id. The CA
+    sees it as an upcoming instance; when the machine registers, the real provider id replaces it.
+    A DeleteNodes for it (the CA's fake node of an unregistered instance carries this id) still works
+    because deletion uses the node id, kept as ``Instance.cloud_id``.
+    """
+    return SYNTHETIC_ID_PREFIX + node.id
+
+
+def debug_line(pool: Pool) -> str:
+    """Upstream ``Debug()`` format (reference section 3)."""
+    return (
+        f"id:{pool.id},status:{pool.status},version:{pool.version},autoscaling:{str(pool.autoscaling).lower()},"
+        f"size:{pool.size},min_size:{pool.min_size},max_size:{pool.max_size}"
+    )
+
+
+def to_instances(nodes: Iterable[Node]) -> tuple[Instance, ...]:
+    """Instances of one pool's nodes, sorted by id so equal cloud states give equal tuples."""
+    instances: list[Instance] = []
+    seen: set[str] = set()
+    for node in sorted(nodes, key=lambda n: n.id):
+        instance_id = node.provider_id if node.provider_id and node.provider_id not in seen else synthetic_id(node)
+        if node.provider_id and instance_id != node.provider_id:
+            log.warning(
+                "two Kapsule nodes report provider id %s; node %s is listed as %s",
+                node.provider_id,
+                node.id,
+                instance_id,
+                extra={"node_group": node.pool_id},
+            )
+        seen.add(instance_id)
+        if node.status not in KNOWN_STATUSES:
+            log.warning(
+                "unknown Kapsule node status %r for node %s; reported to the CA as an instance error",
+                node.status,
+                node.id,
+                extra={"node_group": node.pool_id},
+            )
+        state, error = instance_status(node.status, node.error_message)
+        instances.append(
+            Instance(
+                id=instance_id,
+                state=state,
+                cloud_id=node.id,
+                name=node.name,
+                error=error,
+                cloud_status=node.status,
+            )
+        )
+    return tuple(sorted(instances, key=lambda i: i.id))
+
+
+def to_group(pool: Pool, nodes: Iterable[Node], region: str) -> GroupState:
+    return GroupState(
+        id=pool.id,
+        min_size=pool.min_size,
+        max_size=pool.max_size,
+        target_size=pool.size,
+        instances=to_instances(nodes),
+        template=pool_template(pool, region),
+        debug=debug_line(pool),
+        price_per_hour=pool.node_price_per_hour,
+        cloud_data=pool,
+    )
+
+
+def to_groups(pools: Iterable[Pool], nodes: Iterable[Node], region: str) -> tuple[GroupState, ...]:
+    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (upstream P:288-312)."""
+    autoscaled = {pool.id: pool for pool in pools if pool.autoscaling}
+    by_pool: dict[str, list[Node]] = {pool_id: [] for pool_id in autoscaled}
+    for node in nodes:
+        if node.pool_id in by_pool:
+            by_pool[node.pool_id].append(node)
+    return tuple(to_group(autoscaled[pid], by_pool[pid], region) for pid in sorted(autoscaled))
+
+
+def node_price(price_per_hour: float, start: dt.datetime, end: dt.datetime) -> float:
+    """Upstream NodePrice: whole hours rounded up times the hourly price (0 for an empty window)."""
+    hours = math.ceil((end - start).total_seconds() / 3600.0)
+    return max(hours, 0) * price_per_hour
+
+
+class ScalewayAdapter(CloudAdapter):
+    """Kapsule autoscaled pools as node groups. Thread-safe: state is an atomically swapped dict."""
+
+    kind = "scaleway"
+
+    def __init__(
+        self,
+        config: ScalewayConfig,
+        *,
+        client: ScalewayClient | None = None,
+        retry: RetryPolicy | None = None,
+        breaker: BreakerSettings = BreakerSettings(),  # noqa: B008 - frozen, immutable default
+    ) -> None:
+        self.config = config
+        self.client = client or ScalewayClient(config, retry=retry, breaker=breaker)
+        self._region = config.region
+        # Last pools seen (autoscaled only), for GPU types; replaced whole, never mutated.
+        self._pools: Mapping[str, Pool] = {}
+        self._pools_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ reads
+    def list_groups(self, deadline: Deadline) -> CloudListing:
+        pools = self.client.list_pools(deadline)
+        nodes = self.client.list_nodes(deadline)
+        groups = to_groups(pools.items, nodes.items, self._region)
+        with self._pools_lock:
+            self._pools = {g.id: g.cloud_data for g in groups}
+        ages = [age for age in (pools.max_age, nodes.max_age) if age is not None]
+        return CloudListing(groups, max_age=min(ages) if ages else None)
+
+    def read_group(self, group_id: str, deadline: Deadline) -> GroupState:
+        # The autoscaler API has no single-pool GET and no per-pool node filter: read both lists.
+        pools = self.client.list_pools(deadline)
+        pool = next((p for p in pools.items if p.id == group_id), None)
+        if pool is None or not pool.autoscaling:
+            raise NodeGroupNotFound(group_id)
+        nodes = self.client.list_nodes(deadline)
+        group = to_group(pool, (n for n in nodes.items if n.pool_id == group_id), self._region)
+        with self._pools_lock:
+            self._pools = {**self._pools, pool.id: pool}
+        return group
+
+    # ------------------------------------------------------------------ writes
+    def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None:
+        pool = group.cloud_data if isinstance(group.cloud_data, Pool) else None
+        if pool is not None and pool.status in BUSY_POOL_STATUSES:
+            raise self._busy(group.id, pool.status, "")
+        try:
+            answer = self.client.update_pool_size(group.id, new_size, deadline)
+        except CloudRequestRejected as err:
+            if err.status == 404:
+                raise NodeGroupNotFound(group.id) from err
+            if err.status == 409:
+                raise self._busy(group.id, pool.status if pool else "busy", str(err)) from err
+            raise
+        if answer.size != new_size:
+            log.warning(
+                "Kapsule answered size %d to a request for %d",
+                answer.size,
+                new_size,
+                extra={"node_group": group.id, "result": answer.status},
+            )
+
+    def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
+        try:
+            self.client.delete_node(instance.cloud_id, deadline)
+        except CloudRequestRejected as err:
+            if err.status == 404:
+                # Already gone (a retry after a lost answer, or Kapsule finished first): the goal is met.
+                log.info(
+                    "node %s was already deleted",
+                    instance.cloud_id,
+                    extra={"node_group": group.id, "result": "already_gone"},
+                )
+                return
+            # 409 transient_state: our error formatter names the node's current state. A node that is
+            # already being deleted is what we asked for; any other state (locked...) is a real refusal.
+            if err.status == 409 and ("is deleting" in str(err) or "is deleted" in str(err)):
+                return
+            if err.status == 409:
+                raise GroupBusy(
+                    f"Kapsule refused to delete node {instance.name or instance.cloud_id} of pool {group.id} now "
+                    f"({err}); it is in a transient state (locked, rebooting, upgrading); the CA will retry"
+                ) from err
+            raise
+
+    @staticmethod
+    def _busy(group_id: str, status: str, detail: str) -> GroupBusy:
+        return GroupBusy(
+            f"Kapsule pool {group_id} is {status} and refuses size changes until that finishes"
+            f"{f' ({detail})' if detail else ''}; the CA retries on a later loop. If it stays {status}, "
+            "check the pool in the Scaleway console (an upgrade in progress, or a locked account)"
+        )
+
+    # ------------------------------------------------------------------ templates, GPUs, prices
+    @property
+    def gpu_label(self) -> str:
+        return GPU_LABEL
+
+    def available_gpu_types(self) -> tuple[str, ...]:
+        pools = self._pools
+        return tuple(sorted({t for t in (gpu_type(p) for p in pools.values()) if t}))
+
+    def template(self, group: GroupState, observed_labels: Mapping[str, str] | None) -> NodeTemplate | None:
+        if isinstance(group.cloud_data, Pool):
+            return pool_template(group.cloud_data, self._region, observed_labels)
+        return group.template
+
+    def group_for_price_node(self, node: NodeRef) -> str | None:
+        return node.labels.get(POOL_ID_LABEL) or None
+
+    def node_price(self, group: GroupState, node: NodeRef, start: dt.datetime, end: dt.datetime) -> float:
+        if group.price_per_hour is None:
+            raise NotSupported(f"Kapsule pool {group.id} has no node_price_per_hour; no price for its nodes")
+        return node_price(group.price_per_hour, start, end)
+
+    def pod_price(self, pod_bytes: bytes, start: dt.datetime, end: dt.datetime) -> float:
+        # Upstream PodPrice is always 0 (reference section 3, Pricing): Kapsule bills nodes, not pods.
+        return 0.0
+
+    # ------------------------------------------------------------------ plumbing
+    def instrument(self, metrics: object) -> None:
+        self.client.transport.instrument(metrics)
+
+    def health_detail(self) -> str:
+        return (
+            f"scaleway API {self.config.api_url} region {self._region}: breaker {self.client.transport.breaker_state}"
+        )
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,341 @@
+"""Scaleway Kapsule API client: the private ``/k8s/v1/regions/{region}/autoscaler/`` endpoints.
+
+These are the endpoints the upstream provider uses (reference/scaleway-api.md section 2): they carry
+the per-pool template data (capacity, allocatable, labels, taints as a map, hourly price) that the
+public pool API lacks. This module only speaks HTTP and turns JSON into frozen records; the
+node-group logic lives in ``adapter.py``.
+
+Differences from upstream's client, on purpose:
+- pagination follows ``total_count`` (and still stops on an empty or short page), and removes
+  duplicates a concurrent change can cause between pages;
+- error bodies are read (``{"message", "type", ...}``) so messages say why the cloud refused;
+- ``application/json; charset=utf-8`` is accepted; a non-JSON 5xx is still a server-side failure;
+- timeouts come from the caller's deadline, retries/backoff/breaker from ``HttpTransport``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from providers.deadline import Deadline
+from providers.errors import CloudUnavailable, InvalidRequest
+from providers.http_transport import BreakerSettings, HttpTransport, JsonResponse, RetryPolicy
+from providers.scaleway.config import ScalewayConfig
+
+log = logging.getLogger("providers.scaleway")
+
+PROJECT_USER_AGENT = "ca-externalgrpc-server/0.1.0"
+PAGE_SIZE = 100
+# A listing longer than this many pages is a cloud bug or a moving target, not a cluster.
+MAX_PAGES = 500
+
+POOLS_ROUTE = "/k8s/v1/regions/{region}/autoscaler/clusters/{cluster_id}/pools"
+NODES_ROUTE = "/k8s/v1/regions/{region}/autoscaler/clusters/{cluster_id}/nodes"
+POOL_ROUTE = "/k8s/v1/regions/{region}/autoscaler/pools/{pool_id}"
+NODE_ROUTE = "/k8s/v1/regions/{region}/autoscaler/nodes/{node_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """One Kapsule pool as the autoscaler endpoint describes it (reference section 2.1)."""
+
+    id: str
+    name: str
+    status: str
+    version: str
+    node_type: str
+    autoscaling: bool
+    size: int
+    min_size: int
+    max_size: int
+    zone: str
+    node_price_per_hour: float | None
+    capacity: Mapping[str, int]
+    allocatable: Mapping[str, int]
+    labels: Mapping[str, str]
+    taints: Mapping[str, str]  # key -> "value:Effect" or "Effect"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One Kapsule node (reference section 2.3). ``provider_id`` may be empty while it is created."""
+
+    id: str
+    pool_id: str
+    provider_id: str
+    name: str
+    status: str
+    error_message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    items: tuple[Any, ...]
+    max_age: float | None  # smallest Cache-Control max-age seen on the pages, None when none sent
+
+
+def parse_cache_control(value: str | None) -> float | None:
+    """``max-age`` seconds of a Cache-Control header; None when absent or unreadable.
+
+    Same reading as upstream (first ``max-age`` directive, whole seconds), but an unreadable value
+    means "no hint" (the Backend then uses its configured default) rather than a fixed 60 s.
+    """
+    if not value:
+        return None
+    for directive in value.split(","):
+        directive = directive.strip()
+        if not directive.lower().startswith("max-age"):
+            continue
+        _, _, number = directive.partition("=")
+        number = number.strip().strip('"')
+        if not number.isdigit():
+            return None
+        return float(int(number))
+    return None
+
+
+def scaleway_error_message(status: int, body: Any) -> str:
+    """Turn a Scaleway JSON error body into one readable line (reference section 5)."""
+    if not isinstance(body, Mapping):
+        return str(body)[:300] if body else ""
+    message = str(body.get("message") or "").strip()
+    kind = str(body.get("type") or "").strip()
+    parts = [f"{kind}: {message}" if kind and message else kind or message]
+    details = body.get("details")
+    if isinstance(details, list):
+        for item in details[:5]:
+            if not isinstance(item, Mapping):
+                continue
+            if "argument_name" in item:
+                why = f"{item.get('reason', '')} {item.get('help_message', '')}".strip()
+                parts.append(f"argument {item.get('argument_name')}: {why}")
+            elif "quota" in item:
+                parts.append(
+                    f"quota of {item.get('resource')}: {item.get('current')} used of {item.get('quota')} allowed"
+                )
+            elif "action" in item:
+                parts.append(f"no permission to {item.get('action')} {item.get('resource')}")
+    if body.get("current_state"):
+        parts.append(f"{body.get('resource', 'resource')} is {body['current_state']}")
+    if isinstance(body.get("fields"), Mapping):
+        for name, problems in list(body["fields"].items())[:5]:
+            parts.append(f"field {name}: {problems}")
+    return "; ".join(p for p in parts if p)
+
+
+def is_auth_failure(status: int, body: Any) -> bool:
+    """Scaleway answers 403 ``quotas_exceeded`` when a scale-up needs more than the project's quota:
+    a refusal of this request, not of the credentials (``permissions_denied`` is a credentials one)."""
+    return not (status == 403 and isinstance(body, Mapping) and body.get("type") == "quotas_exceeded")
+
+
+class ScalewayClient:
+    """The four autoscaler endpoints on one HttpTransport. Thread-safe (the transport is)."""
+
+    def __init__(
+        self,
+        config: ScalewayConfig,
+        *,
+        transport_factory: Callable[..., HttpTransport] = HttpTransport,
+        breaker: BreakerSettings = BreakerSettings(),  # noqa: B008 - frozen, immutable default
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.config = config
+        secret = config.secret_key
+        self.transport = transport_factory(
+            "scaleway",
+            config.api_url,
+            user_agent=f"{PROJECT_USER_AGENT} cluster-id/{config.cluster_id}",
+            auth=lambda _refresh: {"X-Auth-Token": secret},  # a static key: nothing to refresh
+            error_message=scaleway_error_message,
+            retry=retry or RetryPolicy(attempts=config.max_attempts),
+            breaker=breaker,
+            max_timeout=config.request_timeout,
+            secrets=config.secrets,
+            is_auth_failure=is_auth_failure,
+        )
+        self._region = config.region
+        self._cluster = config.cluster_id
+
+    def close(self) -> None:
+        self.transport.close()
+
+    # ------------------------------------------------------------------ endpoints
+    def list_pools(self, deadline: Deadline) -> Listing:
+        path = POOLS_ROUTE.format(region=self._region, cluster_id=self._cluster)
+        return self._paginate(path, POOLS_ROUTE, "pools", _parse_pool, deadline)
+
+    def list_nodes(self, deadline: Deadline) -> Listing:
+        path = NODES_ROUTE.format(region=self._region, cluster_id=self._cluster)
+        return self._paginate(path, NODES_ROUTE, "nodes", _parse_node, deadline)
+
+    def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool:
+        """PATCH ``{"size": size}``; returns the pool as the cloud answered it."""
+        _require_id("pool id", pool_id)
+        answer = self.transport.request(
+            "PATCH",
+            POOL_ROUTE.format(region=self._region, pool_id=pool_id),
+            endpoint=POOL_ROUTE,
+            deadline=deadline,
+            json_body={"size": size},
+        )
+        return _parse_one(answer, _parse_pool, "PATCH " + POOL_ROUTE)
+
+    def delete_node(self, node_id: str, deadline: Deadline) -> Node:
+        """DELETE one node. Kapsule drains it and lowers its pool's size by one itself."""
+        _require_id("node id", node_id)
+        answer = self.transport.request(
+            "DELETE",
+            NODE_ROUTE.format(region=self._region, node_id=node_id),
+            endpoint=NODE_ROUTE,
+            deadline=deadline,
+        )
+        return _parse_one(answer, _parse_node, "DELETE " + NODE_ROUTE)
+
+    # ------------------------------------------------------------------ paging
+    def _paginate(
+        self, path: str, route: str, field_name: str, parse: Callable[[Any], Any], deadline: Deadline
+    ) -> Listing:
+        items: dict[str, Any] = {}
+        max_age: float | None = None
+        for page, answer in self._pages(path, route, deadline):
+            body = answer.body
+            if not isinstance(body, Mapping):
+                raise _malformed(route, f"page {page} is not a JSON object")
+            raw_items = body.get(field_name)
+            if raw_items is None:
+                raw_items = []  # upstream's tests send "pools": null for an empty page
+            if not isinstance(raw_items, list):
+                raise _malformed(route, f"{field_name!r} of page {page} is not a list")
+            for raw in raw_items:
+                item = parse(raw)
+                items[item.id] = item  # a concurrent change can shift an item onto the next page too
+            age = parse_cache_control(answer.headers.get("Cache-Control"))
+            if age is not None:
+                max_age = age if max_age is None else min(max_age, age)
+            total = body.get("total_count")
+            if isinstance(total, bool) or (total is not None and not isinstance(total, int)):
+                raise _malformed(route, f"total_count of page {page} is not a number")
+            if not raw_items or len(raw_items) < PAGE_SIZE or (total is not None and page * PAGE_SIZE >= total):
+                break
+        return Listing(tuple(items.values()), max_age)
+
+    def _pages(self, path: str, route: str, deadline: Deadline) -> Iterator[tuple[int, JsonResponse]]:
+        for page in range(1, MAX_PAGES + 1):
+            yield (
+                page,
+                self.transport.request(
+                    "GET", path, endpoint=route, deadline=deadline, params={"page": page, "page_size": PAGE_SIZE}
+                ),
+            )
+        raise _malformed(route, f"more than {MAX_PAGES} pages of {PAGE_SIZE}; the listing never ended")
+
+
+# ---------------------------------------------------------------------- JSON -> records
+
+
+def _malformed(route: str, why: str) -> CloudUnavailable:
+    return CloudUnavailable(f"malformed answer from scaleway API {route}: {why}")
+
+
+def _require_id(what: str, value: str) -> None:
+    if not value or "/" in value:
+        # A programming error upstream of here, never a cloud answer: fail before sending anything.
+        raise InvalidRequest(f"{what} must be a non-empty path segment, got {value!r}")
+
+
+def _parse_one(answer: JsonResponse, parse: Callable[[Any], Any], route: str) -> Any:
+    if answer.body is None:
+        raise _malformed(route, "empty body")
+    return parse(answer.body)
+
+
+class _Fields:
+    """Typed reads from one JSON object; any type clash is a malformed answer."""
+
+    def __init__(self, raw: Any, what: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise _malformed(what, f"expected an object, got {type(raw).__name__}")
+        self.raw = raw
+        self.what = what
+
+    def text(self, name: str, required: bool = False) -> str:
+        value = self.raw.get(name)
+        if value is None:
+            if required:
+                raise _malformed(self.what, f"{name!r} is missing")
+            return ""
+        if not isinstance(value, str):
+            raise _malformed(self.what, f"{name!r} is {type(value).__name__}, not a string")
+        return value
+
+    def integer(self, name: str) -> int:
+        value = self.raw.get(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _malformed(self.what, f"{name!r} is {value!r}, not an integer")
+        return value
+
+    def number(self, name: str) -> float | None:
+        value = self.raw.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise _malformed(self.what, f"{name!r} is {value!r}, not a number")
+        return float(value)
+
+    def mapping(self, name: str, value_type: type) -> dict[str, Any]:
+        value = self.raw.get(name)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise _malformed(self.what, f"{name!r} is {type(value).__name__}, not an object")
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if isinstance(item, bool) or not isinstance(item, value_type):
+                raise _malformed(self.what, f"{name}[{key!r}] is {item!r}, not {value_type.__name__}")
+            out[str(key)] = item
+        return out
+
+
+def _parse_pool(raw: Any) -> Pool:
+    f = _Fields(raw, "pool")
+    pool_id = f.text("id", required=True)
+    f.what = f"pool {pool_id}"
+    autoscaling = raw.get("autoscaling", False)
+    if not isinstance(autoscaling, bool):
+        raise _malformed(f.what, f"'autoscaling' is {autoscaling!r}, not a boolean")
+    return Pool(
+        id=pool_id,
+        name=f.text("name"),
+        status=f.text("status"),
+        version=f.text("version"),
+        node_type=f.text("node_type"),
+        autoscaling=autoscaling,
+        size=f.integer("size"),
+        min_size=f.integer("min_size"),
+        max_size=f.integer("max_size"),
+        zone=f.text("zone"),
+        node_price_per_hour=f.number("node_price_per_hour"),
+        capacity=f.mapping("capacity", int),
+        allocatable=f.mapping("allocatable", int),
+        labels=f.mapping("labels", str),
+        taints=f.mapping("taints", str),
+    )
+
+
+def _parse_node(raw: Any) -> Node:
+    f = _Fields(raw, "node")
+    node_id = f.text("id", required=True)
+    f.what = f"node {node_id}"
+    return Node(
+        id=node_id,
+        pool_id=f.text("pool_id"),
+        provider_id=f.text("provider_id"),
+        name=f.text("name"),
+        status=f.text("status"),
+        error_message=f.text("error_message"),
+    )

@@ -1,0 +1,219 @@
+"""The Bizfly HTTP surface: token endpoint, service catalog and Kubernetes Engine routes (reference §7).
+
+Handlers translate between ``SimRequest``/``SimResponse`` and the state model; they hold no state of
+their own beyond the catalog settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from simulators.bizfly.auth import AuthRejected, TokenIssuer
+from simulators.bizfly.state import BizflyState, InvalidUpdate, PoolUpdate, ResourceNotFound, iso_time
+from simulators.common.http import JsonApiServer, SimError, SimRequest, SimResponse
+
+K8S_PREFIX = "/api/kubernetes-engine"
+
+# Route names, as used by fault injection and the request log.
+ROUTE_TOKEN = "token"
+ROUTE_CATALOG = "service_catalog"
+ROUTE_LIST_CLUSTERS = "list_clusters"
+ROUTE_GET_CLUSTER = "get_cluster"
+ROUTE_GET_POOL = "get_pool"
+ROUTE_UPDATE_POOL = "update_pool"
+ROUTE_DELETE_NODE = "delete_node"
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """Bizfly error bodies are opaque to gobizfly (reference §6); ``{"message": ...}`` is what its
+    own fixtures show, and the status is repeated so logs are self-explanatory."""
+    return {"message": message, "code": status}
+
+
+def _region_slug(region: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", region.lower()).strip("-") or "region"
+
+
+class CatalogSettings:
+    """Which region strings the service catalog advertises. Thread-safe, changeable at run time."""
+
+    def __init__(self, region: str, other_regions: Sequence[str]) -> None:
+        self._lock = threading.Lock()
+        self._region = region
+        self._others = tuple(other_regions)
+
+    def set(self, region: str, other_regions: Sequence[str] | None = None) -> None:
+        with self._lock:
+            self._region = region
+            if other_regions is not None:
+                self._others = tuple(other_regions)
+
+    def get(self) -> tuple[str, tuple[str, ...]]:
+        with self._lock:
+            return self._region, self._others
+
+    def services(self, base_url: str) -> list[dict[str, Any]]:
+        """The catalog entries. Other regions come first and point at paths this simulator does not
+        serve, so a client that takes the first ``kubernetes_engine`` entry without comparing the
+        region gets 404s instead of silently working."""
+        region, others = self.get()
+        entries: list[dict[str, Any]] = []
+        for other in others:
+            if other != region:
+                entries += _region_services(other, f"{base_url}/{_region_slug(other)}/api")
+        entries += _region_services(region, f"{base_url}/api")
+        return entries
+
+
+def _region_services(region: str, api_base: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "Cloud Server",
+            "code": "CS",
+            "canonical_name": "cloud_server",
+            "id": 1,
+            "region": region,
+            "icon": "",
+            "description": "Cloud Server",
+            "enabled": True,
+            "service_url": f"{api_base}/cloud-server",
+        },
+        {
+            "name": "Kubernetes Engine",
+            "code": "KE",
+            "canonical_name": "kubernetes_engine",
+            "id": 9,
+            "region": region,
+            "icon": "",
+            "description": "Bizfly Kubernetes Engine",
+            "enabled": True,
+            "service_url": f"{api_base}/kubernetes-engine",
+        },
+        {
+            "name": "Authentication",
+            "code": "IAM",
+            "canonical_name": "auth",
+            "id": 2,
+            "region": region,
+            "icon": "",
+            "description": "Identity and access",
+            "enabled": True,
+            "service_url": api_base,
+        },
+    ]
+
+
+class BizflyApi:
+    """Registers the Bizfly routes on a ``JsonApiServer`` and answers them from the state model."""
+
+    def __init__(
+        self,
+        state: BizflyState,
+        tokens: TokenIssuer,
+        catalog: CatalogSettings,
+        base_url: Callable[[], str],
+        *,
+        project_id: str,
+        project_name: str,
+    ) -> None:
+        self.state = state
+        self.tokens = tokens
+        self.catalog = catalog
+        self._base_url = base_url
+        self._project_id = project_id
+        self._project_name = project_name
+
+    def register(self, server: JsonApiServer) -> None:
+        server.route("POST", "/api/token", ROUTE_TOKEN, self.create_token)
+        server.route("GET", "/api/auth/service", ROUTE_CATALOG, self.service_catalog)
+        server.route("GET", f"{K8S_PREFIX}/_/", ROUTE_LIST_CLUSTERS, self.list_clusters)
+        server.route("GET", f"{K8S_PREFIX}/_", ROUTE_LIST_CLUSTERS, self.list_clusters)
+        server.route("GET", f"{K8S_PREFIX}/_/{{cluster_uid}}", ROUTE_GET_CLUSTER, self.get_cluster)
+        server.route("GET", f"{K8S_PREFIX}/_/{{cluster_uid}}/{{pool_id}}", ROUTE_GET_POOL, self.get_pool)
+        server.route("PATCH", f"{K8S_PREFIX}/_/{{cluster_uid}}/{{pool_id}}", ROUTE_UPDATE_POOL, self.update_pool)
+        server.route(
+            "DELETE", f"{K8S_PREFIX}/_/{{cluster_uid}}/{{pool_id}}/{{node_id}}", ROUTE_DELETE_NODE, self.delete_node
+        )
+
+    # ----- auth -----------------------------------------------------------------------------------------
+    def create_token(self, request: SimRequest) -> SimResponse:
+        # A stale X-Auth-Token and the X-Tenant-* headers arrive here too (reference §2.1); they are ignored.
+        try:
+            issued = self.tokens.issue(request.body)
+        except AuthRejected as exc:
+            raise SimError(401, str(exc)) from exc
+        expires = iso_time(issued.expires_at)
+        return SimResponse(
+            200,
+            {
+                "token": issued.token,
+                "expires_at": expires,
+                "expire_at": expires,  # the newer client's spelling (reference §2.2)
+                "project_id": self._project_id,
+                "project_name": self._project_name,
+            },
+        )
+
+    def service_catalog(self, _request: SimRequest) -> SimResponse:
+        # Deliberately unauthenticated: upstream fetches it with no headers at all (reference §2.3).
+        return SimResponse(200, {"services": self.catalog.services(self._base_url())})
+
+    def _authenticate(self, request: SimRequest) -> None:
+        headers = request.headers
+        # The newer gobizfly sends application credentials on every call instead of a token (§2.5).
+        if headers.get("x-auth-type") == "application_credential":
+            credential_id = headers.get("x-app-credential-id", "")
+            secret = headers.get("x-app-credential-secret", "")
+            if credential_id and secret and self.tokens.app_credential_valid(credential_id, secret):
+                return
+            raise SimError(401, "Invalid application credential")
+        try:
+            self.tokens.check(headers.get("x-auth-token"))
+        except AuthRejected as exc:
+            raise SimError(401, str(exc)) from exc
+
+    # ----- Kubernetes Engine ----------------------------------------------------------------------------
+    def list_clusters(self, request: SimRequest) -> SimResponse:
+        self._authenticate(request)
+        return SimResponse(200, {"clusters": self.state.list_clusters_json()})
+
+    def get_cluster(self, request: SimRequest) -> SimResponse:
+        self._authenticate(request)
+        with state_errors():
+            return SimResponse(200, self.state.cluster_json(request.params["cluster_uid"]))
+
+    def get_pool(self, request: SimRequest) -> SimResponse:
+        self._authenticate(request)
+        with state_errors():
+            return SimResponse(200, self.state.pool_json(request.params["cluster_uid"], request.params["pool_id"]))
+
+    def update_pool(self, request: SimRequest) -> SimResponse:
+        self._authenticate(request)
+        with state_errors():
+            # ``{}`` is what gobizfly sends for a target of 0 (omitempty); it is a valid no-op.
+            update = PoolUpdate.from_json(request.body)
+            body = self.state.update_pool(request.params["cluster_uid"], request.params["pool_id"], update)
+            return SimResponse(200, body)
+
+    def delete_node(self, request: SimRequest) -> SimResponse:
+        self._authenticate(request)
+        force = request.query.get("force", "").lower() in ("true", "1", "yes")
+        params = request.params
+        with state_errors():
+            self.state.delete_node(params["cluster_uid"], params["pool_id"], params["node_id"], force=force)
+        return SimResponse(202, {"message": f"Deleting node {params['node_id']}", "force": force})
+
+
+@contextlib.contextmanager
+def state_errors() -> Iterator[None]:
+    """Translate state-model errors into API answers."""
+    try:
+        yield
+    except ResourceNotFound as exc:
+        raise SimError(404, f"{exc.kind.capitalize()} {exc.resource_id} not found") from exc
+    except InvalidUpdate as exc:
+        raise SimError(400, str(exc)) from exc

@@ -1,0 +1,610 @@
+"""The Bizfly Kubernetes Engine state model: clusters, worker pools and their nodes.
+
+Everything here is plain Python guarded by one lock; HTTP lives in ``api.py``. Asynchronous node
+transitions are evaluated lazily against the simulator clock (``reconcile``) on every read or write, so a
+test that advances a manual clock sees exactly the transitions that are due and nothing else.
+
+Where the real API is not settled (reference ``bizfly-api.md`` §8) the choices below are the simulator's,
+and are stated where they are made.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+NODE_ID_LABEL = "bke.bizflycloud.vn/node-id"
+POOL_NAME_LABEL = "bke.bizflycloud.vn/pool-name"
+PROVIDER_ID_PREFIX = "bizflycloud://"
+
+
+class StateError(Exception):
+    """Base of the errors the state model raises; each maps to one HTTP status in ``api.py``."""
+
+
+class ResourceNotFound(StateError):
+    def __init__(self, kind: str, resource_id: str) -> None:
+        super().__init__(f"{kind} {resource_id!r} not found")
+        self.kind = kind
+        self.resource_id = resource_id
+
+
+class InvalidUpdate(StateError):
+    """A request the API refuses with 400 (type mismatch, bounds violation)."""
+
+
+@dataclass(frozen=True)
+class StatusVocabulary:
+    """The node ``status`` strings the simulator emits.
+
+    The real API shows ``ACTIVE`` in every public fixture, while the upstream CA maps lowercase
+    ``provisioning``/``running``/``deleting`` (reference §3.6, §8.1), so both are offered.
+    """
+
+    provisioning: str
+    running: str
+    deleting: str
+    failed: str
+    provisioning_reason: str = "Creation in progress"
+    running_reason: str = "Creation succeeded"
+    deleting_reason: str = "Deletion in progress"
+
+
+REAL_VOCABULARY = StatusVocabulary(provisioning="PROVISIONING", running="ACTIVE", deleting="DELETING", failed="ERROR")
+UPSTREAM_VOCABULARY = StatusVocabulary(
+    provisioning="provisioning", running="running", deleting="deleting", failed="error"
+)
+VOCABULARIES = {"real": REAL_VOCABULARY, "upstream": UPSTREAM_VOCABULARY}
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds of simulated time each asynchronous transition takes."""
+
+    provision_seconds: float = 120.0
+    delete_seconds: float = 30.0
+    # ``?force=true`` skips the drain, so the node disappears at once by default.
+    force_delete_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("provision_seconds", "delete_seconds", "force_delete_seconds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+class NodePhase(enum.Enum):
+    """Internal lifecycle, independent of the emitted status vocabulary."""
+
+    CREATING = "creating"
+    RUNNING = "running"
+    FAILED = "failed"
+    DELETING = "deleting"
+    # A status set by a test helper that matches no vocabulary entry: shown as-is, never transitions.
+    CUSTOM = "custom"
+
+
+@dataclass
+class Node:
+    id: str
+    name: str
+    physical_id: str
+    ip_address: str
+    phase: NodePhase
+    status: str
+    status_reason: str
+    created_at: float
+    # When the pending automatic transition is due (creating -> running/failed, deleting -> gone).
+    due_at: float | None = None
+    will_fail_reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "physical_id": self.physical_id,
+            "ip_addresses": [self.ip_address],
+            "status": self.status,
+            "status_reason": self.status_reason,
+        }
+
+
+@dataclass
+class Pool:
+    id: str
+    name: str
+    flavor: str
+    min_size: int
+    max_size: int
+    desired_size: int
+    enable_autoscaling: bool
+    labels: dict[str, str]
+    taints: list[dict[str, str]]
+    created_at: float
+    availability_zone: str = "HN1"
+    volume_type: str = "ENTERPRISE-SSD1"
+    volume_size: int = 40
+    profile_type: str = "premium"
+    nodes: list[Node] = field(default_factory=list)
+    # Failure reasons for the next nodes this pool creates (FIFO): "fail the next scale-up".
+    pending_failures: list[str] = field(default_factory=list)
+
+    def live_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.phase is not NodePhase.DELETING]
+
+    def to_json(self, cluster: Cluster, with_nodes: bool) -> dict[str, Any]:
+        settled = all(n.phase is NodePhase.RUNNING for n in self.nodes) and len(self.nodes) == self.desired_size
+        body: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "version": cluster.kubernetes_version,
+            "flavor": self.flavor,
+            "flavor_detail": flavor_detail(self.flavor),
+            "profile_type": self.profile_type,
+            "volume_type": self.volume_type,
+            "volume_size": self.volume_size,
+            "availability_zone": self.availability_zone,
+            "desired_size": self.desired_size,
+            "enable_autoscaling": self.enable_autoscaling,
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "tags": [],
+            "labels": dict(self.labels),
+            "taints": [dict(t) for t in self.taints],
+            "provision_status": "PROVISIONED" if settled else "PROVISIONING",
+            "launch_config_id": f"lc-{self.id[:12]}",
+            "autoscaling_group_id": f"asg-{self.id[:12]}",
+            "created_at": iso_time(self.created_at),
+        }
+        if with_nodes:
+            body["nodes"] = [n.to_json() for n in self.nodes]
+        return body
+
+
+@dataclass
+class Cluster:
+    uid: str
+    name: str
+    kubernetes_version: str
+    created_at: float
+    created_by: str
+    private_network_id: str
+    pools: dict[str, Pool] = field(default_factory=dict)  # insertion order is API order
+
+    def to_json(self) -> dict[str, Any]:
+        pools = [p.to_json(self, with_nodes=False) for p in self.pools.values()]
+        busy = any(p["provision_status"] != "PROVISIONED" for p in pools)
+        total_cpu = total_memory = 0
+        for pool in self.pools.values():
+            detail = flavor_detail(pool.flavor)
+            total_cpu += detail.get("vcpus", 0) * len(pool.nodes)
+            total_memory += detail.get("ram", 0) // 1024 * len(pool.nodes)
+        return {
+            "uid": self.uid,
+            "name": self.name,
+            "version": {
+                "id": f"v{self.kubernetes_version}",
+                "name": f"v{self.kubernetes_version}",
+                "description": f"Kubernetes {self.kubernetes_version}",
+                "kubernetes_version": self.kubernetes_version,
+            },
+            "private_network_id": self.private_network_id,
+            "auto_upgrade": False,
+            "tags": [],
+            "provision_status": "PROVISIONED",
+            "cluster_status": "PROVISIONING" if busy else "PROVISIONED",
+            "created_at": iso_time(self.created_at),
+            "created_by": self.created_by,
+            "worker_pools_count": len(pools),
+            "worker_pools": pools,
+            "stat": {"worker_pools": len(pools), "total_cpu": total_cpu, "total_memory": total_memory},
+        }
+
+
+_FLAVOR_RE = re.compile(r"^(?P<family>[a-z0-9]+)\.(?P<cpu>\d+)c_(?P<ram>\d+)g(?:_(?P<gpu>[a-z0-9_]+))?$")
+
+
+def flavor_detail(flavor: str) -> dict[str, Any]:
+    """Describe a flavor name such as ``nix.2c_4g``; the names encode vCPUs and GiB of RAM."""
+    match = _FLAVOR_RE.match(flavor)
+    if match is None:
+        return {"name": flavor}
+    detail: dict[str, Any] = {"name": flavor, "vcpus": int(match["cpu"]), "ram": int(match["ram"]) * 1024}
+    if match["gpu"]:
+        detail["gpu"] = match["gpu"]
+    return detail
+
+
+def _dns_label(text: str) -> str:
+    # Pool node names double as Kubernetes Node names, which must be lowercase DNS labels.
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "pool"
+
+
+def iso_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class IdFactory:
+    """Realistic-looking identifiers from a seeded generator, so a scenario replays identically."""
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+        self._ip_counter = 10
+
+    def cluster_uid(self) -> str:
+        return "".join(self._random.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(16))
+
+    def pool_id(self) -> str:
+        return f"{self._random.getrandbits(96):024x}"  # a Mongo-style ObjectId, as in the real API
+
+    def uuid(self) -> str:
+        return str(uuid.UUID(int=self._random.getrandbits(128), version=4))
+
+    def node_suffix(self) -> str:
+        return "".join(self._random.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+
+    def ip_address(self) -> str:
+        self._ip_counter += 1
+        return f"10.20.{self._ip_counter // 250}.{self._ip_counter % 250 + 2}"
+
+
+@dataclass(frozen=True)
+class PoolUpdate:
+    """The PATCH body after type checks: ``None`` means the field was absent, i.e. unchanged."""
+
+    desired_size: int | None = None
+    min_size: int | None = None
+    max_size: int | None = None
+    enable_autoscaling: bool | None = None
+
+    @staticmethod
+    def from_json(body: Any) -> PoolUpdate:
+        if body is None:
+            return PoolUpdate()
+        if not isinstance(body, dict):
+            raise InvalidUpdate("request body must be a JSON object")
+        values: dict[str, Any] = {}
+        for key in ("desired_size", "min_size", "max_size"):
+            value = body.get(key)
+            # JSON booleans are ints in Python; the real server (Go) rejects them like any type mismatch.
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InvalidUpdate(f"{key} must be an integer, got {value!r}")
+            if value is not None and value < 0:
+                raise InvalidUpdate(f"{key} must not be negative, got {value}")
+            values[key] = value
+        autoscaling = body.get("enable_autoscaling")
+        if autoscaling is not None and not isinstance(autoscaling, bool):
+            raise InvalidUpdate(f"enable_autoscaling must be a boolean, got {autoscaling!r}")
+        return PoolUpdate(enable_autoscaling=autoscaling, **values)
+
+
+class BizflyState:
+    """All clusters of one account, with lazily-evaluated node transitions on ``clock_now``."""
+
+    def __init__(
+        self,
+        clock_now: Callable[[], float],
+        *,
+        vocabulary: StatusVocabulary = REAL_VOCABULARY,
+        timings: Timings | None = None,
+        delete_accepts_physical_id: bool = False,
+        seed: int = 1,
+    ) -> None:
+        self._now = clock_now
+        self._lock = threading.RLock()
+        self._clusters: dict[str, Cluster] = {}
+        self._ids = IdFactory(seed)
+        self.vocabulary = vocabulary
+        self.timings = timings or Timings()
+        # Which id DELETE accepts is open (reference §8.2); by default only the pool node ``id`` works,
+        # so a client that sends ``physical_id`` gets a 404 and the mix-up shows in tests.
+        self.delete_accepts_physical_id = delete_accepts_physical_id
+
+    # ----- building -------------------------------------------------------------------------------------
+    def add_cluster(
+        self,
+        name: str,
+        *,
+        uid: str | None = None,
+        kubernetes_version: str = "1.30.4",
+        created_by: str = "user@example.com",
+    ) -> Cluster:
+        with self._lock:
+            cluster = Cluster(
+                uid=uid or self._ids.cluster_uid(),
+                name=name,
+                kubernetes_version=kubernetes_version,
+                created_at=self._now(),
+                created_by=created_by,
+                private_network_id=self._ids.uuid(),
+            )
+            if cluster.uid in self._clusters:
+                raise ValueError(f"duplicate cluster uid {cluster.uid!r}")
+            self._clusters[cluster.uid] = cluster
+            return cluster
+
+    def add_pool(
+        self,
+        cluster_uid: str,
+        name: str,
+        *,
+        flavor: str,
+        min_size: int,
+        max_size: int,
+        desired_size: int,
+        enable_autoscaling: bool,
+        pool_id: str | None = None,
+        labels: dict[str, str] | None = None,
+        taints: Iterable[dict[str, str]] = (),
+        availability_zone: str = "HN1",
+        nodes: Iterable[dict[str, Any]] | None = None,
+    ) -> Pool:
+        """Add a pool; ``nodes`` lists initial nodes (dicts with optional id/physical_id/name/status), or
+        ``None`` to start with ``desired_size`` running nodes."""
+        if not 0 <= min_size <= desired_size <= max_size:
+            raise ValueError(f"pool {name!r}: need 0 <= min_size <= desired_size <= max_size")
+        with self._lock:
+            cluster = self._cluster(cluster_uid)
+            pool = Pool(
+                id=pool_id or self._ids.pool_id(),
+                name=name,
+                flavor=flavor,
+                min_size=min_size,
+                max_size=max_size,
+                desired_size=desired_size,
+                enable_autoscaling=enable_autoscaling,
+                labels=dict(labels or {}),
+                taints=[dict(t) for t in taints],
+                created_at=self._now(),
+                availability_zone=availability_zone,
+            )
+            if any(pool.id in c.pools for c in self._clusters.values()):
+                raise ValueError(f"duplicate pool id {pool.id!r}")
+            cluster.pools[pool.id] = pool
+            specs = list(nodes) if nodes is not None else [{} for _ in range(desired_size)]
+            for spec in specs:
+                pool.nodes.append(self._initial_node(cluster, pool, spec))
+            return pool
+
+    def _initial_node(self, cluster: Cluster, pool: Pool, spec: dict[str, Any]) -> Node:
+        node = self._new_node(cluster, pool, node_id=spec.get("id"), physical_id=spec.get("physical_id"))
+        if spec.get("name"):
+            node.name = str(spec["name"])
+        self._apply_status(node, str(spec.get("status", self.vocabulary.running)), spec.get("status_reason"))
+        return node
+
+    def _new_node(
+        self, cluster: Cluster, pool: Pool, *, node_id: str | None = None, physical_id: str | None = None
+    ) -> Node:
+        vocab = self.vocabulary
+        now = self._now()
+        return Node(
+            id=node_id or self._ids.uuid(),
+            name=f"{_dns_label(pool.name)}-{cluster.uid[:8]}-node-{self._ids.node_suffix()}",
+            physical_id=physical_id or self._ids.uuid(),
+            ip_address=self._ids.ip_address(),
+            phase=NodePhase.CREATING,
+            status=vocab.provisioning,
+            status_reason=vocab.provisioning_reason,
+            created_at=now,
+            due_at=now + self.timings.provision_seconds,
+        )
+
+    # ----- reads ----------------------------------------------------------------------------------------
+    def list_clusters_json(self) -> list[dict[str, Any]]:
+        with self._lock:
+            self.reconcile()
+            result = []
+            for cluster in self._clusters.values():
+                body = cluster.to_json()
+                del body["worker_pools"]  # the list shape carries no pools (reference §3.5)
+                result.append(body)
+            return result
+
+    def cluster_json(self, cluster_uid: str) -> dict[str, Any]:
+        with self._lock:
+            self.reconcile()
+            return self._cluster(cluster_uid).to_json()
+
+    def pool_json(self, cluster_uid: str, pool_id: str) -> dict[str, Any]:
+        with self._lock:
+            self.reconcile()
+            cluster = self._cluster(cluster_uid)
+            return self._pool(cluster, pool_id).to_json(cluster, with_nodes=True)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything, including internal phases and the k8s identities of nodes, for ``/_sim/state``."""
+        with self._lock:
+            self.reconcile()
+            clusters = []
+            for cluster in self._clusters.values():
+                body = cluster.to_json()
+                body["worker_pools"] = []
+                for pool in cluster.pools.values():
+                    pool_body = pool.to_json(cluster, with_nodes=True)
+                    pool_body["pending_failures"] = len(pool.pending_failures)
+                    for node_body, node in zip(pool_body["nodes"], pool.nodes, strict=True):
+                        node_body["phase"] = node.phase.value
+                        node_body["k8s"] = k8s_identity(node, pool)
+                    body["worker_pools"].append(pool_body)
+                clusters.append(body)
+            return {"now": self._now(), "vocabulary": asdict(self.vocabulary), "clusters": clusters}
+
+    def node_refs(self, cluster_uid: str) -> list[dict[str, Any]]:
+        """The Kubernetes identities of every node: what a kubelet + BKE would put on the Node object."""
+        with self._lock:
+            self.reconcile()
+            cluster = self._cluster(cluster_uid)
+            return [k8s_identity(n, p) for p in cluster.pools.values() for n in p.nodes]
+
+    # ----- writes ---------------------------------------------------------------------------------------
+    def update_pool(self, cluster_uid: str, pool_id: str, update: PoolUpdate) -> dict[str, Any]:
+        """Apply a PATCH: absent fields stay unchanged; the merged sizes must satisfy min <= desired <= max."""
+        with self._lock:
+            self.reconcile()
+            cluster = self._cluster(cluster_uid)
+            pool = self._pool(cluster, pool_id)
+            desired = pool.desired_size if update.desired_size is None else update.desired_size
+            minimum = pool.min_size if update.min_size is None else update.min_size
+            maximum = pool.max_size if update.max_size is None else update.max_size
+            if not minimum <= maximum:
+                raise InvalidUpdate(f"min_size {minimum} is greater than max_size {maximum}")
+            if not minimum <= desired <= maximum:
+                raise InvalidUpdate(f"desired_size {desired} is outside [min_size {minimum}, max_size {maximum}]")
+            pool.desired_size, pool.min_size, pool.max_size = desired, minimum, maximum
+            if update.enable_autoscaling is not None:
+                pool.enable_autoscaling = update.enable_autoscaling
+            self.reconcile()
+            return pool.to_json(cluster, with_nodes=False)
+
+    def delete_node(self, cluster_uid: str, pool_id: str, node_ref: str, *, force: bool) -> None:
+        """Start deleting a node and shrink ``desired_size`` by one, so the pool does not replace it.
+
+        Deleting a node that is already being deleted is accepted and changes nothing.
+        """
+        with self._lock:
+            self.reconcile()
+            cluster = self._cluster(cluster_uid)
+            pool = self._pool(cluster, pool_id)
+            node = self._find_node(pool, node_ref)
+            if node.phase is NodePhase.DELETING:
+                if force:
+                    node.due_at = min(node.due_at or 0.0, self._now() + self.timings.force_delete_seconds)
+                    self.reconcile()
+                return
+            pool.desired_size = max(pool.desired_size - 1, 0)
+            seconds = self.timings.force_delete_seconds if force else self.timings.delete_seconds
+            self._start_deleting(node, seconds)
+            self.reconcile()
+
+    # ----- test helpers ---------------------------------------------------------------------------------
+    def fail_next_scale_up(self, pool_id: str, count: int = 1, reason: str = "Creation failed: quota exceeded") -> None:
+        """The next ``count`` nodes this pool creates end in the failed status with ``reason``."""
+        with self._lock:
+            pool = self._pool_anywhere(pool_id)
+            pool.pending_failures.extend([reason] * count)
+
+    def set_node_status(self, node_ref: str, status: str, reason: str | None = None) -> None:
+        """Force a node's status. A vocabulary value sets the matching phase (a provisioning node set this
+        way stays provisioning until changed); any other string is shown as-is and never transitions."""
+        with self._lock:
+            self.reconcile()
+            for cluster in self._clusters.values():
+                for pool in cluster.pools.values():
+                    for node in pool.nodes:
+                        if node_ref in (node.id, node.physical_id, node.name):
+                            self._apply_status(node, status, reason)
+                            self.reconcile()
+                            return
+            raise ResourceNotFound("node", node_ref)
+
+    # ----- reconciler -----------------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """Bring every pool up to date with the clock. Runs the due transitions, then converges node counts
+        on ``desired_size``, then runs transitions again in case some take zero seconds."""
+        with self._lock:
+            now = self._now()
+            for cluster in self._clusters.values():
+                for pool in cluster.pools.values():
+                    self._run_due_transitions(pool, now)
+                    self._converge(cluster, pool, now)
+                    self._run_due_transitions(pool, now)
+
+    def _run_due_transitions(self, pool: Pool, now: float) -> None:
+        vocab = self.vocabulary
+        kept: list[Node] = []
+        for node in pool.nodes:
+            due = node.due_at is not None and node.due_at <= now
+            if due and node.phase is NodePhase.DELETING:
+                continue  # gone
+            if due and node.phase is NodePhase.CREATING:
+                node.due_at = None
+                if node.will_fail_reason is not None:
+                    node.phase, node.status, node.status_reason = NodePhase.FAILED, vocab.failed, node.will_fail_reason
+                else:
+                    node.phase, node.status, node.status_reason = NodePhase.RUNNING, vocab.running, vocab.running_reason
+            kept.append(node)
+        pool.nodes = kept
+
+    def _converge(self, cluster: Cluster, pool: Pool, now: float) -> None:
+        live = pool.live_nodes()
+        if len(live) < pool.desired_size:
+            for _ in range(pool.desired_size - len(live)):
+                node = self._new_node(cluster, pool)
+                if pool.pending_failures:
+                    node.will_fail_reason = pool.pending_failures.pop(0)
+                pool.nodes.append(node)
+        elif len(live) > pool.desired_size:
+            # The real removal policy is unknown (reference §8.4): remove broken nodes first, then nodes
+            # not yet running, then the newest running ones.
+            rank = {NodePhase.FAILED: 0, NodePhase.CUSTOM: 1, NodePhase.CREATING: 2, NodePhase.RUNNING: 3}
+            surplus = sorted(live, key=lambda n: (rank[n.phase], -n.created_at))
+            for node in surplus[: len(live) - pool.desired_size]:
+                self._start_deleting(node, self.timings.delete_seconds)
+
+    def _start_deleting(self, node: Node, seconds: float) -> None:
+        node.phase = NodePhase.DELETING
+        node.status, node.status_reason = self.vocabulary.deleting, self.vocabulary.deleting_reason
+        node.due_at = self._now() + seconds
+
+    def _apply_status(self, node: Node, status: str, reason: str | None) -> None:
+        vocab = self.vocabulary
+        node.status = status
+        node.due_at = None
+        node.will_fail_reason = None
+        if status == vocab.running:
+            node.phase, node.status_reason = NodePhase.RUNNING, reason or vocab.running_reason
+        elif status == vocab.provisioning:
+            node.phase, node.status_reason = NodePhase.CREATING, reason or vocab.provisioning_reason
+        elif status == vocab.failed:
+            node.phase, node.status_reason = NodePhase.FAILED, reason or "Creation failed"
+        elif status == vocab.deleting:
+            node.phase, node.status_reason = NodePhase.DELETING, reason or vocab.deleting_reason
+            node.due_at = self._now() + self.timings.delete_seconds
+        else:
+            node.phase, node.status_reason = NodePhase.CUSTOM, reason or ""
+
+    # ----- lookups --------------------------------------------------------------------------------------
+    def _cluster(self, cluster_uid: str) -> Cluster:
+        try:
+            return self._clusters[cluster_uid]
+        except KeyError:
+            raise ResourceNotFound("cluster", cluster_uid) from None
+
+    @staticmethod
+    def _pool(cluster: Cluster, pool_id: str) -> Pool:
+        try:
+            return cluster.pools[pool_id]
+        except KeyError:
+            raise ResourceNotFound("worker pool", pool_id) from None
+
+    def _pool_anywhere(self, pool_id: str) -> Pool:
+        for cluster in self._clusters.values():
+            if pool_id in cluster.pools:
+                return cluster.pools[pool_id]
+            for pool in cluster.pools.values():
+                if pool.name == pool_id:
+                    return pool
+        raise ResourceNotFound("worker pool", pool_id)
+
+    def _find_node(self, pool: Pool, node_ref: str) -> Node:
+        for node in pool.nodes:
+            if node.id == node_ref or (self.delete_accepts_physical_id and node.physical_id == node_ref):
+                return node
+        raise ResourceNotFound("node", node_ref)
+
+
+def k8s_identity(node: Node, pool: Pool) -> dict[str, Any]:
+    """How the Kubernetes Node for a pool node is identified (reference §3.7, §7)."""
+    return {
+        "name": node.name,
+        "provider_id": PROVIDER_ID_PREFIX + node.physical_id,
+        "labels": {NODE_ID_LABEL: node.id, POOL_NAME_LABEL: pool.name, **pool.labels},
+        "pool_id": pool.id,
+    }

@@ -1,0 +1,15 @@
+"""A faithful simulator of the Scaleway Kapsule private autoscaler API (reference scaleway-api.md, section 7)."""
+
+from simulators.scaleway.scenarios import demo_scenario, generated_cluster, load_scenario_file
+from simulators.scaleway.simulator import ScalewaySimulator
+from simulators.scaleway.state import Behaviour, ScenarioError, Timings
+
+__all__ = [
+    "Behaviour",
+    "ScalewaySimulator",
+    "ScenarioError",
+    "Timings",
+    "demo_scenario",
+    "generated_cluster",
+    "load_scenario_file",
+]

@@ -1,0 +1,206 @@
+"""The HTTP face of the simulated Kapsule: the four private autoscaler endpoints and Scaleway errors.
+
+Endpoints and shapes follow reference ``scaleway-api.md`` sections 2.1-2.4 and 7; error bodies follow
+section 5 (``{"message", "type", ...}``). Every answer is ``Content-Type: application/json`` exactly,
+because the upstream Go client rejects anything else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulators.common.http import JsonApiServer, SimError, SimRequest, SimResponse
+from simulators.scaleway.state import (
+    InvalidArguments,
+    NotFound,
+    OutOfStock,
+    QuotaExceeded,
+    ScalewaySimError,
+    ScalewayState,
+    TransientState,
+)
+
+AUTOSCALER_PREFIX = "/k8s/v1/regions/{region}/autoscaler"
+
+# Route names, for fault injection and request-log filters.
+ROUTE_LIST_POOLS = "list_pools"
+ROUTE_UPDATE_POOL = "update_pool"
+ROUTE_LIST_NODES = "list_nodes"
+ROUTE_DELETE_NODE = "delete_node"
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    403: "permissions_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "transient_state",
+    429: "too_many_requests",
+    500: "internal_error",
+    502: "bad_gateway",
+    503: "service_unavailable",
+    504: "gateway_timeout",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """A Scaleway-style error body for a bare status (faults, routing errors, rate limit)."""
+    if status == 401:
+        return authentication_denied()
+    body: dict[str, Any] = {"message": message, "type": _TYPE_BY_STATUS.get(status, "unknown_error")}
+    if status == 403:
+        body["details"] = [{"resource": "k8s", "action": "write"}]
+    return body
+
+
+def authentication_denied(reason: str = "invalid_argument") -> dict[str, Any]:
+    return {
+        "message": "authentication is denied",
+        "method": "api_key",
+        "reason": reason,
+        "type": "denied_authentication",
+    }
+
+
+def rate_limit_headers(remaining: int, reset_in: float) -> dict[str, str]:
+    # Scaleway's Go SDK reads these next to Retry-After (reference section 5, 429).
+    return {"X-Ratelimit-Remaining": str(remaining), "X-Ratelimit-Reset": str(max(1, int(reset_in + 0.999)))}
+
+
+def _as_sim_error(exc: ScalewaySimError) -> SimError:
+    body: dict[str, Any]
+    if isinstance(exc, NotFound):
+        body = {
+            "message": "resource is not found",
+            "resource": exc.resource,
+            "resource_id": exc.resource_id,
+            "type": "not_found",
+        }
+        return SimError(404, str(exc), body=body)
+    if isinstance(exc, InvalidArguments):
+        details = [
+            {"argument_name": p.argument_name, "reason": p.reason, "help_message": p.help_message} for p in exc.problems
+        ]
+        return SimError(
+            400, str(exc), body={"message": "invalid argument(s)", "type": "invalid_arguments", "details": details}
+        )
+    if isinstance(exc, TransientState):
+        body = {
+            "message": "resource is in a transient state",
+            "resource": exc.resource,
+            "resource_id": exc.resource_id,
+            "current_state": exc.current_state,
+            "type": "transient_state",
+        }
+        return SimError(409, str(exc), body=body)
+    if isinstance(exc, QuotaExceeded):
+        body = {
+            "message": "quota(s) exceeded for this resource",
+            "type": "quotas_exceeded",
+            "details": [{"resource": exc.resource, "quota": exc.quota, "current": exc.current}],
+        }
+        return SimError(403, str(exc), body=body)
+    if isinstance(exc, OutOfStock):
+        return SimError(
+            503,
+            str(exc),
+            body={"message": "resource is out of stock", "resource": exc.resource, "type": "out_of_stock"},
+        )
+    return SimError(500, str(exc))
+
+
+def _int_argument(query: dict[str, str], name: str, default: int, low: int, high: int | None) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise InvalidArguments.single(name, "constraint", f"{name} must be an integer {bound}") from None
+    return value
+
+
+class ScalewayApi:
+    """Registers the autoscaler routes on a ``JsonApiServer`` and serves them from a ``ScalewayState``."""
+
+    def __init__(self, state: ScalewayState, secret_key: str) -> None:
+        self.state = state
+        self.secret_key = secret_key
+
+    def register(self, server: JsonApiServer) -> None:
+        server.route("GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_LIST_POOLS, self.list_pools)
+        server.route("PATCH", AUTOSCALER_PREFIX + "/pools/{pool_id}", ROUTE_UPDATE_POOL, self.update_pool)
+        server.route("GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/nodes", ROUTE_LIST_NODES, self.list_nodes)
+        server.route("DELETE", AUTOSCALER_PREFIX + "/nodes/{node_id}", ROUTE_DELETE_NODE, self.delete_node)
+
+    # -- common checks ------------------------------------------------------------------------------
+
+    def authenticate(self, request: SimRequest) -> None:
+        token = request.headers.get("x-auth-token")
+        if token != self.secret_key:
+            reason = "not_found" if token else "invalid_argument"
+            raise SimError(401, "authentication is denied", body=authentication_denied(reason))
+
+    def _check_region(self, region: str) -> None:
+        if not self.state.known_region(region):
+            raise _as_sim_error(NotFound("region", region))
+
+    def paging(self, request: SimRequest) -> tuple[int, int]:
+        behaviour = self.state.behaviour
+        page = _int_argument(request.query, "page", 1, 1, None)
+        page_size = _int_argument(request.query, "page_size", behaviour.default_page_size, 1, behaviour.max_page_size)
+        return page, page_size
+
+    def list_headers(self) -> dict[str, str]:
+        max_age = self.state.behaviour.cache_max_age
+        return {} if max_age is None else {"Cache-Control": f"max-age={max_age}"}
+
+    def guarded(self, request: SimRequest, operation: Any) -> SimResponse:
+        self.authenticate(request)
+        try:
+            self._check_region(request.params["region"])
+            return operation()
+        except ScalewaySimError as exc:
+            raise _as_sim_error(exc) from exc
+
+    # -- endpoints -------------------------------------------------------------------------------------
+
+    def list_pools(self, request: SimRequest) -> SimResponse:
+        def run() -> SimResponse:
+            page, page_size = self.paging(request)
+            result = self.state.list_pools(request.params["region"], request.params["cluster_id"], page, page_size)
+            items = result.items if result.items or not self.state.behaviour.null_empty_pages else None
+            return SimResponse(200, {"pools": items, "total_count": result.total_count}, self.list_headers())
+
+        return self.guarded(request, run)
+
+    def list_nodes(self, request: SimRequest) -> SimResponse:
+        def run() -> SimResponse:
+            page, page_size = self.paging(request)
+            result = self.state.list_nodes(request.params["region"], request.params["cluster_id"], page, page_size)
+            items = result.items if result.items or not self.state.behaviour.null_empty_pages else None
+            return SimResponse(200, {"nodes": items, "total_count": result.total_count}, self.list_headers())
+
+        return self.guarded(request, run)
+
+    def update_pool(self, request: SimRequest) -> SimResponse:
+        def run() -> SimResponse:
+            body = request.body
+            if not isinstance(body, dict) or "size" not in body:
+                raise InvalidArguments.single("size", "required", 'body must be {"size": <integer>}')
+            size = body["size"]
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise InvalidArguments.single("size", "invalid_type", "size must be an integer")
+            return SimResponse(
+                200, self.state.update_pool_size(request.params["region"], request.params["pool_id"], size)
+            )
+
+        return self.guarded(request, run)
+
+    def delete_node(self, request: SimRequest) -> SimResponse:
+        def run() -> SimResponse:
+            return SimResponse(200, self.state.delete_node(request.params["region"], request.params["node_id"]))
+
+        return self.guarded(request, run)

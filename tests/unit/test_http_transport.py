@@ -1,0 +1,507 @@
+"""HttpTransport against a tiny scripted HTTP server on 127.0.0.1.
+
+Sleeps are recorded instead of slept (the transport takes ``sleep=``), so retry tests are fast and
+the backoff values can be checked exactly; timeouts use real sockets with short deadlines.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from providers.deadline import Deadline
+from providers.errors import (
+    CloudAuthFailed,
+    CloudRequestRejected,
+    CloudTimeout,
+    CloudUnavailable,
+    DeadlineTooShort,
+)
+from providers.http_transport import (
+    BreakerSettings,
+    HttpTransport,
+    RetryPolicy,
+    parse_retry_after,
+)
+
+SECRET = "0f1e2d3c-secret-token-value"
+
+
+@dataclass(frozen=True)
+class Scripted:
+    """One scripted answer of the test server."""
+
+    status: int = 200
+    body: Any = None  # dict/list => JSON; bytes => raw
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = "application/json"
+    delay: float = 0.0
+    drop: bool = False
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class ScriptedServer:
+    """Answers requests with the queued ``Scripted`` items in order; the last one repeats."""
+
+    def __init__(self) -> None:
+        self.script: list[Scripted] = [Scripted(body={"ok": True})]
+        self.seen: list[Seen] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # keep pytest output clean
+                pass
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                with outer._lock:
+                    outer.seen.append(
+                        Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                    )
+                    item = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
+                if item.delay:
+                    time.sleep(item.delay)
+                if item.drop:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                raw = (
+                    item.body
+                    if isinstance(item.body, bytes)
+                    else b""
+                    if item.body is None
+                    else json.dumps(item.body).encode()
+                )
+                self.send_response(item.status)
+                if raw:
+                    self.send_header("Content-Type", item.content_type)
+                self.send_header("Content-Length", str(len(raw)))
+                for name, value in item.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self._thread.start()
+
+    def answer(self, *items: Scripted) -> None:
+        with self._lock:
+            self.script = list(items)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.requests: list[tuple[Any, ...]] = []
+        self.breaker: list[str] = []
+
+    def observe_cloud_request(self, provider, endpoint, method, status_or_error, seconds, retried) -> None:  # noqa: ANN001
+        self.requests.append((provider, endpoint, method, status_or_error, retried))
+
+    def set_breaker_state(self, provider, state) -> None:  # noqa: ANN001
+        self.breaker.append(state)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    srv = ScriptedServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    return []
+
+
+def make(server: ScriptedServer, sleeps: list[float], **kwargs: Any) -> HttpTransport:
+    kwargs.setdefault("rng", lambda: 0.5)
+    kwargs.setdefault("retry", RetryPolicy(attempts=4, base_delay=0.2, max_delay=5.0))
+    return HttpTransport("testcloud", server.url, user_agent="ca-externalgrpc-test/1", sleep=sleeps.append, **kwargs)
+
+
+def deadline(seconds: float = 5.0) -> Deadline:
+    return Deadline.after(seconds)
+
+
+# ---------------------------------------------------------------------- success path
+
+
+def test_get_returns_parsed_json_with_case_insensitive_headers(server, sleeps):
+    server.answer(Scripted(body={"pools": [1, 2]}, headers={"Cache-Control": "max-age=30"}))
+    transport = make(server, sleeps)
+    answer = transport.request("GET", "/pools", endpoint="/pools", deadline=deadline(), params={"page": 2})
+    assert answer.status == 200
+    assert answer.body == {"pools": [1, 2]}
+    assert answer.headers["cache-control"] == "max-age=30"
+    assert server.seen[0].path == "/pools?page=2"
+    assert server.seen[0].headers["user-agent"] == "ca-externalgrpc-test/1"
+
+
+def test_json_body_is_sent_and_empty_answer_is_none(server, sleeps):
+    server.answer(Scripted(status=204))
+    transport = make(server, sleeps)
+    answer = transport.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 5})
+    assert answer.body is None
+    assert json.loads(server.seen[0].body) == {"size": 5}
+    assert server.seen[0].headers["content-type"] == "application/json"
+
+
+# ---------------------------------------------------------------------- retries
+
+
+def test_idempotent_call_is_retried_on_503_with_jittered_backoff(server, sleeps):
+    server.answer(Scripted(status=503, body={"message": "busy"}), Scripted(status=502), Scripted(body={"ok": 1}))
+    transport = make(server, sleeps, rng=lambda: 0.5)
+    assert transport.request("GET", "/x", endpoint="/x", deadline=deadline()).body == {"ok": 1}
+    assert len(server.seen) == 3
+    # full jitter with rng=0.5: half of base*2**(n-1)
+    assert sleeps == [pytest.approx(0.1), pytest.approx(0.2)]
+
+
+def test_retries_stop_after_the_configured_attempts(server, sleeps):
+    server.answer(Scripted(status=500, body={"message": "boom"}))
+    transport = make(server, sleeps, retry=RetryPolicy(attempts=3))
+    with pytest.raises(CloudUnavailable, match="answered 500") as info:
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert not isinstance(info.value, CloudTimeout)
+    assert len(server.seen) == 3
+    assert len(sleeps) == 2
+
+
+@pytest.mark.parametrize("rng_value", [0.0, 0.3, 0.999999])
+def test_backoff_stays_within_full_jitter_bounds(rng_value):
+    policy = RetryPolicy(attempts=10, base_delay=0.2, max_delay=1.0)
+    for retry_number in range(1, 9):
+        ceiling = min(1.0, 0.2 * 2 ** (retry_number - 1))
+        delay = policy.backoff(retry_number, lambda v=rng_value: v)
+        assert 0.0 <= delay <= ceiling
+        assert delay == pytest.approx(rng_value * ceiling)
+
+
+def test_retry_after_seconds_is_honoured(server, sleeps):
+    server.answer(Scripted(status=429, headers={"Retry-After": "2"}), Scripted(body={}))
+    transport = make(server, sleeps)
+    transport.request("GET", "/x", endpoint="/x", deadline=deadline(10))
+    assert sleeps == [2.0]
+
+
+def test_retry_after_http_date_is_parsed():
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now=lambda: 1445412480.0) == pytest.approx(30.0)
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=lambda: 1445412600.0) == 0.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+
+
+def test_retry_after_longer_than_the_policy_allows_gives_up_at_once(server, sleeps):
+    server.answer(Scripted(status=429, headers={"Retry-After": "120"}))
+    transport = make(server, sleeps, retry=RetryPolicy(max_retry_after=30))
+    with pytest.raises(CloudUnavailable, match="Retry-After"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline(200))
+    assert len(server.seen) == 1
+    assert sleeps == []
+
+
+def test_never_sleeps_past_the_deadline(server, sleeps):
+    server.answer(Scripted(status=503, headers={"Retry-After": "3"}))
+    transport = make(server, sleeps)
+    with pytest.raises(CloudUnavailable, match="deadline"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline(1.0))
+    assert sleeps == []
+    assert len(server.seen) == 1
+
+
+def test_too_short_deadline_sends_nothing(server, sleeps):
+    transport = make(server, sleeps)
+    with pytest.raises(DeadlineTooShort):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline(0.1))
+    assert server.seen == []
+
+
+def test_post_is_not_retried_on_500(server, sleeps):
+    server.answer(Scripted(status=500, body={"message": "internal"}))
+    transport = make(server, sleeps)
+    with pytest.raises(CloudUnavailable):
+        transport.request("POST", "/x", endpoint="/x", deadline=deadline(), json_body={})
+    assert len(server.seen) == 1
+
+
+def test_post_is_retried_on_429_and_on_503_with_retry_after(server, sleeps):
+    server.answer(
+        Scripted(status=429, headers={"Retry-After": "0"}),
+        Scripted(status=503, headers={"Retry-After": "1"}),
+        Scripted(body={"done": True}),
+    )
+    transport = make(server, sleeps)
+    assert transport.request("POST", "/x", endpoint="/x", deadline=deadline(), json_body={}).body == {"done": True}
+    assert len(server.seen) == 3
+    assert sleeps == [1.0]  # Retry-After: 0 needs no sleep
+
+
+def test_idempotent_flag_overrides_the_method_default(server, sleeps):
+    server.answer(Scripted(status=502), Scripted(body={}))
+    transport = make(server, sleeps)
+    transport.request("POST", "/search", endpoint="/search", deadline=deadline(), idempotent=True)
+    assert len(server.seen) == 2
+    server.seen.clear()
+    server.answer(Scripted(status=502))
+    with pytest.raises(CloudUnavailable):
+        transport.request("PATCH", "/x", endpoint="/x", deadline=deadline(), idempotent=False)
+    assert len(server.seen) == 1
+
+
+def test_read_timeout_of_non_idempotent_call_raises_cloud_timeout_at_once(server, sleeps):
+    server.answer(Scripted(body={}, delay=1.5))
+    transport = make(server, sleeps, max_timeout=0.3)
+    with pytest.raises(CloudTimeout, match="may or may not"):
+        transport.request("PATCH", "/pools/p", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 1})
+    assert len(server.seen) == 1
+    assert sleeps == []
+
+
+def test_read_timeout_of_idempotent_call_is_retried_then_cloud_timeout(server, sleeps):
+    server.answer(Scripted(body={}, delay=1.0))
+    transport = make(server, sleeps, max_timeout=0.2, retry=RetryPolicy(attempts=2, base_delay=0))
+    with pytest.raises(CloudTimeout):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert len(server.seen) == 2
+
+
+def test_dropped_connection_of_non_idempotent_call_is_outcome_unknown(server, sleeps):
+    server.answer(Scripted(drop=True))
+    transport = make(server, sleeps)
+    with pytest.raises(CloudTimeout, match="may or may not"):
+        transport.request("DELETE", "/n/1", endpoint="/n/{id}", deadline=deadline(), idempotent=False)
+    assert len(server.seen) == 1
+
+
+def test_dropped_connection_of_idempotent_call_is_retried(server, sleeps):
+    server.answer(Scripted(drop=True), Scripted(body={"ok": True}))
+    transport = make(server, sleeps)
+    assert transport.request("GET", "/x", endpoint="/x", deadline=deadline()).body == {"ok": True}
+    assert len(server.seen) == 2
+
+
+def test_connection_refused_is_retried_even_for_post_then_unavailable(sleeps):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # nothing listens on ``port`` any more: every connect is refused, so the POST never reached anyone
+    transport = HttpTransport("testcloud", f"http://127.0.0.1:{port}", user_agent="t", sleep=sleeps.append)
+    with pytest.raises(CloudUnavailable, match="connection refused") as info:
+        transport.request("POST", "/x", endpoint="/x", deadline=deadline(), json_body={})
+    assert not isinstance(info.value, CloudTimeout)
+    assert len(sleeps) == RetryPolicy().attempts - 1
+
+
+# ---------------------------------------------------------------------- answers and errors
+
+
+def test_401_refreshes_credentials_once_and_retries_once(server, sleeps):
+    calls: list[bool] = []
+
+    def auth(force: bool) -> dict[str, str]:
+        calls.append(force)
+        return {"X-Auth-Token": "fresh" if force else "stale"}
+
+    server.answer(Scripted(status=401, body={"message": "expired"}), Scripted(body={"ok": True}))
+    transport = make(server, sleeps, auth=auth)
+    assert transport.request("GET", "/x", endpoint="/x", deadline=deadline()).body == {"ok": True}
+    assert calls == [False, True]
+    assert [s.headers["x-auth-token"] for s in server.seen] == ["stale", "fresh"]
+
+
+def test_second_401_is_final_auth_failure(server, sleeps):
+    calls: list[bool] = []
+    server.answer(Scripted(status=401, body={"message": "authentication is denied"}))
+    transport = make(server, sleeps, auth=lambda force: calls.append(force) or {"X-Auth-Token": SECRET})
+    with pytest.raises(CloudAuthFailed, match="authentication is denied") as info:
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert calls == [False, True]
+    assert len(server.seen) == 2
+    assert SECRET not in str(info.value)
+
+
+def test_403_is_auth_failure_without_refresh(server, sleeps):
+    calls: list[bool] = []
+    server.answer(Scripted(status=403, body={"message": "permissions denied"}))
+    transport = make(server, sleeps, auth=lambda force: calls.append(force) or {})
+    with pytest.raises(CloudAuthFailed, match="permission"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert calls == [False]
+
+
+def test_4xx_is_rejected_with_the_cloud_message_and_status(server, sleeps):
+    server.answer(Scripted(status=409, body={"message": "pool is upgrading", "type": "transient_state"}))
+    transport = make(server, sleeps, error_message=lambda status, body: f"{body['type']}: {body['message']}")
+    with pytest.raises(CloudRequestRejected, match="transient_state: pool is upgrading") as info:
+        transport.request("PATCH", "/pools/p", endpoint="/pools/{pool_id}", deadline=deadline(), json_body={})
+    assert info.value.status == 409
+    assert "/pools/{pool_id}" in str(info.value)
+    assert len(server.seen) == 1
+
+
+def test_error_messages_never_contain_registered_secrets(server, sleeps):
+    server.answer(Scripted(status=400, body={"message": f"bad token {SECRET}"}))
+    transport = make(server, sleeps, secrets=[SECRET])
+    with pytest.raises(CloudRequestRejected) as info:
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert SECRET not in str(info.value)
+    assert "***" in str(info.value)
+
+
+def test_invalid_json_is_a_malformed_answer(server, sleeps):
+    server.answer(Scripted(body=b'{"pools": [1, 2'))
+    transport = make(server, sleeps)
+    with pytest.raises(CloudUnavailable, match="malformed answer"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+
+
+def test_non_json_content_type_is_a_malformed_answer(server, sleeps):
+    server.answer(Scripted(body=b"<html>login</html>", content_type="text/html"))
+    transport = make(server, sleeps)
+    with pytest.raises(CloudUnavailable, match="malformed answer.*text/html"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+
+
+def test_json_with_charset_is_accepted(server, sleeps):
+    server.answer(Scripted(body=b'{"a": 1}', content_type="application/json; charset=utf-8"))
+    assert make(server, sleeps).request("GET", "/x", endpoint="/x", deadline=deadline()).body == {"a": 1}
+
+
+# ---------------------------------------------------------------------- breaker and metrics
+
+
+def test_breaker_opens_fails_fast_then_half_open_probe_closes_it(server, sleeps):
+    clock = FakeClock()
+    metrics = RecordingMetrics()
+    transport = make(
+        server,
+        sleeps,
+        clock=clock,
+        retry=RetryPolicy(attempts=1),
+        breaker=BreakerSettings(failure_threshold=2, reset_after=30),
+    )
+    transport.instrument(metrics)
+    server.answer(Scripted(status=500))
+    for _ in range(2):
+        with pytest.raises(CloudUnavailable):
+            transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert transport.breaker_state == "open"
+    with pytest.raises(CloudUnavailable, match="circuit breaker open"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert len(server.seen) == 2  # the third call was not sent
+
+    clock.now += 31
+    assert transport.breaker_state == "half-open"
+    server.answer(Scripted(body={"ok": True}))
+    transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert transport.breaker_state == "closed"
+    assert metrics.breaker == ["closed", "open", "half-open", "closed"]
+
+
+def test_failed_half_open_probe_reopens_the_breaker(server, sleeps):
+    clock = FakeClock()
+    transport = make(
+        server, sleeps, clock=clock, retry=RetryPolicy(attempts=3), breaker=BreakerSettings(1, reset_after=10)
+    )
+    server.answer(Scripted(status=503))
+    with pytest.raises(CloudUnavailable):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert transport.breaker_state == "open"
+    seen_before = len(server.seen)
+    clock.now += 11
+    with pytest.raises(CloudUnavailable, match="answered 503"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert len(server.seen) == seen_before + 1  # the probe is a single attempt
+    assert transport.breaker_state == "open"
+
+
+def test_client_errors_do_not_open_the_breaker(server, sleeps):
+    transport = make(server, sleeps, breaker=BreakerSettings(failure_threshold=1))
+    server.answer(Scripted(status=404, body={"message": "not found"}))
+    for _ in range(3):
+        with pytest.raises(CloudRequestRejected):
+            transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert transport.breaker_state == "closed"
+
+
+def test_every_attempt_is_reported_with_the_route_template(server, sleeps):
+    metrics = RecordingMetrics()
+    transport = make(server, sleeps)
+    transport.instrument(metrics)
+    server.answer(Scripted(status=503), Scripted(body={}))
+    transport.request("GET", "/pools/abc-123", endpoint="/pools/{pool_id}", deadline=deadline())
+    assert metrics.requests == [
+        ("testcloud", "/pools/{pool_id}", "GET", 503, False),
+        ("testcloud", "/pools/{pool_id}", "GET", 200, True),
+    ]
+
+
+def test_retry_policy_rejects_nonsense():
+    with pytest.raises(ValueError):
+        RetryPolicy(attempts=0)
+    with pytest.raises(ValueError):
+        BreakerSettings(failure_threshold=0)
+
+
+def test_a_403_the_cloud_marks_as_not_about_credentials_is_a_rejection(server, sleeps):
+    server.answer(Scripted(status=403, body={"message": "quota(s) exceeded", "type": "quotas_exceeded"}))
+    transport = make(server, sleeps, is_auth_failure=lambda status, body: body.get("type") != "quotas_exceeded")
+    with pytest.raises(CloudRequestRejected, match="quota") as info:
+        transport.request("PATCH", "/x", endpoint="/x", deadline=deadline(), json_body={})
+    assert info.value.status == 403
+
+
+def test_credentials_in_the_base_url_never_reach_messages(sleeps):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    transport = HttpTransport(
+        "testcloud", f"http://user:{SECRET}@127.0.0.1:{port}", user_agent="t", sleep=sleeps.append
+    )
+    with pytest.raises(CloudUnavailable) as info:
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert SECRET not in str(info.value)
+    assert f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_bytes_that_are_not_text_are_a_malformed_answer(server, sleeps):
+    server.answer(Scripted(body=b'{"a": "\x80"}', content_type="application/json"))
+    with pytest.raises(CloudUnavailable, match="malformed answer.*not UTF-8"):
+        make(server, sleeps).request("GET", "/x", endpoint="/x", deadline=deadline())
