@@ -39,7 +39,7 @@ integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration
 
 conformance: $(STAMP)
-	$(PY) -m tests.conformance.run
+	GO_CACHE_DIR=$(GO_CACHE_DIR) $(PY) -m tests.conformance.run
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -52,3 +52,13 @@ soak: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# Build the container image (needs docker or podman; see docs/operations.md for a daemonless build).
+IMAGE ?= ca-externalgrpc-server:0.1.0
+CONTAINER ?= $(shell command -v docker || command -v podman)
+image:
+	$(CONTAINER) build -f deploy/Dockerfile -t $(IMAGE) .
+
+# Render every kustomize overlay and validate it offline (also part of make test).
+deploy-check: $(STAMP)
+	$(PY) -m pytest -q tests/deploy

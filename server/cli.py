@@ -83,7 +83,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from server.status import print_status
 
-    return print_status(args.address, cert=args.cert, key=args.key, cacert=args.cacert, timeout=args.timeout)
+    return print_status(
+        args.address,
+        cert=args.cert,
+        key=args.key,
+        cacert=args.cacert,
+        timeout=args.timeout,
+        server_name=args.server_name,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,6 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.add_argument("--cert", help="client certificate (mTLS)")
     status.add_argument("--key", help="client key (mTLS)")
     status.add_argument("--cacert", help="CA bundle that signed the server certificate")
+    status.add_argument(
+        "--server-name", help="name to expect in the server certificate (e.g. when connecting via port-forward)"
+    )
     status.add_argument("--timeout", type=float, default=5.0)
     status.set_defaults(func=cmd_status)
 

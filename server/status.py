@@ -15,15 +15,19 @@ from protos import externalgrpc_pb2_grpc as pb_grpc
 STATES = {1: "running", 2: "creating", 3: "deleting", 0: "unknown"}
 
 
-def open_channel(address: str, cert: str | None, key: str | None, cacert: str | None) -> grpc.Channel:
-    if not cert:
+def open_channel(
+    address: str, cert: str | None, key: str | None, cacert: str | None, server_name: str | None = None
+) -> grpc.Channel:
+    if not cert and not cacert:
         return grpc.insecure_channel(address)
     creds = grpc.ssl_channel_credentials(
         root_certificates=Path(cacert).read_bytes() if cacert else None,
         private_key=Path(key).read_bytes() if key else None,
-        certificate_chain=Path(cert).read_bytes(),
+        certificate_chain=Path(cert).read_bytes() if cert else None,
     )
-    return grpc.secure_channel(address, creds)
+    # Through `kubectl port-forward` the address is localhost, which the server certificate does not name.
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return grpc.secure_channel(address, creds, options=options)
 
 
 def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, object]], list[tuple[str, str]]]:
@@ -89,8 +93,9 @@ def print_status(
     key: str | None = None,
     cacert: str | None = None,
     timeout: float = 5.0,
+    server_name: str | None = None,
 ) -> int:
-    with open_channel(address, cert, key, cacert) as channel:
+    with open_channel(address, cert, key, cacert, server_name) as channel:
         try:
             rows, backends = collect(channel, timeout)
         except grpc.RpcError as err:

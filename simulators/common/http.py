@@ -16,6 +16,7 @@ import json
 import math
 import re
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -297,6 +298,12 @@ class _SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     block_on_close = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that gave up (timeout, dropped-connection fault) is normal here, not a traceback.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _SimHandler(BaseHTTPRequestHandler):

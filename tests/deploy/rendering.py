@@ -1,0 +1,142 @@
+"""Render the kustomize trees under deploy/kubernetes and read what they produce.
+
+Kustomize comes from, in order: ``kubectl kustomize`` (kubectl embeds it), a ``kustomize`` binary on
+PATH, or a ``kustomize`` built once from the Go module proxy into a cache directory (the go
+toolchain is the only thing that needs to be installed for that). If none works the caller gets a
+``KustomizeUnavailable`` naming what was tried, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+KUBERNETES = DEPLOY / "kubernetes"
+
+#: every directory a user is told to ``kubectl apply -k``
+OVERLAYS = ("overlays/scaleway", "overlays/bizfly", "overlays/mtls-service", "server-mtls")
+
+#: the kustomize CLI built when neither kubectl nor kustomize is installed (same major as kubectl's)
+KUSTOMIZE_MODULE = "sigs.k8s.io/kustomize/kustomize/v5"
+KUSTOMIZE_VERSION = "v5.5.0"
+#: same default as the Makefile's GO_CACHE_DIR, so the Go conformance and bench builds share it
+GO_CACHE_DIR = Path(os.environ.get("GO_CACHE_DIR", Path.home() / ".cache" / "ca-externalgrpc-go"))
+
+
+class KustomizeUnavailable(RuntimeError):
+    """No way to run kustomize on this machine."""
+
+
+@dataclass(frozen=True)
+class Kustomize:
+    """A command prefix that renders a kustomization directory to YAML on stdout."""
+
+    argv: tuple[str, ...]
+
+    def render(self, directory: Path) -> list[dict[str, Any]]:
+        proc = subprocess.run([*self.argv, str(directory)], capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise AssertionError(f"{' '.join(self.argv)} {directory} failed:\n{proc.stderr}")
+        return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def _works(argv: Sequence[str]) -> bool:
+    try:
+        proc = subprocess.run([*argv, "--help"], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def _build_with_go(go: str) -> Path:
+    """``go install`` the kustomize CLI into GO_CACHE_DIR/bin/kustomize-<version>/ (once)."""
+    bindir = GO_CACHE_DIR / "bin" / f"kustomize-{KUSTOMIZE_VERSION}"
+    binary = bindir / "kustomize"
+    if binary.is_file():
+        return binary
+    bindir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GOBIN": str(bindir), "GOFLAGS": "-mod=mod"}
+    proc = subprocess.run(
+        [go, "install", f"{KUSTOMIZE_MODULE}@{KUSTOMIZE_VERSION}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode != 0 or not binary.is_file():
+        raise KustomizeUnavailable(
+            f"building {KUSTOMIZE_MODULE}@{KUSTOMIZE_VERSION} with {go} failed:\n{proc.stderr[-2000:]}"
+        )
+    return binary
+
+
+@cache
+def find_kustomize() -> Kustomize:
+    tried = []
+    kubectl = shutil.which("kubectl")
+    if kubectl and _works([kubectl, "kustomize"]):
+        return Kustomize((kubectl, "kustomize"))
+    tried.append(f"kubectl kustomize ({kubectl or 'kubectl not on PATH'})")
+    kustomize = shutil.which("kustomize")
+    if kustomize and _works([kustomize, "build"]):
+        return Kustomize((kustomize, "build"))
+    tried.append(f"kustomize build ({kustomize or 'kustomize not on PATH'})")
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").is_file() else None)
+    if go:
+        return Kustomize((str(_build_with_go(go)), "build"))
+    tried.append("go install from the Go module proxy (no go toolchain on PATH)")
+    raise KustomizeUnavailable(
+        "cannot render the manifests: install kubectl (>= 1.27), kustomize v5, or a Go toolchain. Tried: "
+        + "; ".join(tried)
+    )
+
+
+@cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    """The objects of one kustomization directory (relative to deploy/kubernetes), cached per run."""
+    return tuple(find_kustomize().render(KUBERNETES / overlay))
+
+
+def objects(docs: Sequence[dict[str, Any]], kind: str) -> Iterator[dict[str, Any]]:
+    return (doc for doc in docs if doc.get("kind") == kind)
+
+
+def one(docs: Sequence[dict[str, Any]], kind: str, name_prefix: str) -> dict[str, Any]:
+    """The single object of ``kind`` whose name is ``name_prefix`` (plus a generator hash suffix)."""
+    found = [
+        d
+        for d in objects(docs, kind)
+        if d["metadata"]["name"] == name_prefix or d["metadata"]["name"].startswith(name_prefix + "-")
+    ]
+    assert len(found) == 1, f"expected one {kind} {name_prefix!r}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert name in containers, f"{deployment['metadata']['name']} has no container {name!r}: {sorted(containers)}"
+    return containers[name]
+
+
+def volume(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
+    assert name in volumes, f"{deployment['metadata']['name']} has no volume {name!r}: {sorted(volumes)}"
+    return volumes[name]
+
+
+def mounted_volume(deployment: dict[str, Any], container_name: str, mount_path: str) -> dict[str, Any]:
+    """The volume mounted at ``mount_path`` in the container (failing when nothing is mounted there)."""
+    mounts = {m["mountPath"]: m for m in container(deployment, container_name).get("volumeMounts", [])}
+    assert mount_path in mounts, f"{container_name} mounts nothing at {mount_path}: {sorted(mounts)}"
+    return volume(deployment, mounts[mount_path]["name"])
