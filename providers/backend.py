@@ -335,7 +335,14 @@ class Backend:
         pending = self._pending.get(group_id)
         fresh_at = max(self._snapshot.started_at, pending.at if pending else 0.0)
         if force_read or self._clock() - fresh_at > FRESH_FOR_WRITE:
-            group = self.adapter.read_group(group_id, deadline)
+            fresh = self.adapter.read_group(group_id, deadline)
+            group = replace(
+                group,
+                min_size=fresh.min_size,
+                max_size=fresh.max_size,
+                target_size=fresh.target_size,
+                cloud_data=fresh.cloud_data,
+            )
             with self._state_lock:
                 self._pending[group_id] = _Pending(
                     group.target_size, self._clock(), pending.deleting if pending else set()

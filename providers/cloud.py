@@ -29,8 +29,10 @@ class CloudAdapter(abc.ABC):
 
     @abc.abstractmethod
     def read_group(self, group_id: str, deadline: Deadline) -> GroupState:
-        """One group read fresh from the cloud (used before an absolute size write on a stale view).
+        """One group's sizes read fresh from the cloud (before an absolute size write on a stale view).
 
+        Only ``min_size``, ``max_size``, ``target_size`` and ``cloud_data`` are used; ``instances`` may be
+        empty (the Backend keeps the snapshot's), so an adapter need not page through every node.
         Raises NodeGroupNotFound when the group is gone or no longer autoscaled.
         """
 

@@ -337,7 +337,7 @@ def test_repeated_delete_of_a_deleting_node_is_success(sim, backends):
     victim = ids_of(sim, P1)[0]
     adapter = make_adapter(sim)
     try:
-        group = adapter.read_group(P1, deadline())
+        group = next(g for g in adapter.list_groups(deadline()).groups if g.id == P1)
         instance = next(i for i in group.instances if i.cloud_id == victim)
         adapter.delete_instance(group, instance, node_ref(sim, victim), deadline())
         adapter.delete_instance(group, instance, node_ref(sim, victim), deadline())  # 409, node is deleting

@@ -71,6 +71,12 @@ def stack(tmp_path):
         yield s
 
 
+def general_node_refs(stack) -> list[dict]:
+    """The Kubernetes view (providerID, name, labels) of the Bizfly 'general' pool's nodes."""
+    uid = stack.bizfly.snapshot()["clusters"][0]["uid"]
+    return [r for r in stack.bizfly.node_refs(uid) if r["pool_id"] == GENERAL_BZ]
+
+
 def template(stack, group_id: str) -> k8s.Node:
     response = stack.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id=group_id), timeout=5)
     assert response.nodeInfo == response.nodeBytes
@@ -93,7 +99,7 @@ def test_each_mutation_reaches_only_the_owning_cloud(stack):
 
 
 def test_node_group_for_node_finds_bizfly_nodes_by_provider_id(stack):
-    refs = [r for r in stack.bizfly.node_refs(stack.bizfly.snapshot()["clusters"][0]["uid"]) if r["pool_id"] == GENERAL_BZ]
+    refs = general_node_refs(stack)
     node = pb.ExternalGrpcNode(providerID=refs[0]["provider_id"], name=refs[0]["name"], labels=refs[0]["labels"])
     group = stack.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=5).nodeGroup
     assert (group.id, group.minSize, group.maxSize) == (GENERAL_BZ, 1, 5)
@@ -122,7 +128,7 @@ def test_bizfly_pool_at_zero_gets_a_template_from_its_flavor(stack):
 
 
 def test_labels_seen_on_real_nodes_are_kept_for_the_template(stack):
-    refs = [r for r in stack.bizfly.node_refs(stack.bizfly.snapshot()["clusters"][0]["uid"]) if r["pool_id"] == GENERAL_BZ]
+    refs = general_node_refs(stack)
     labels = dict(refs[0]["labels"], **{"example.com/rack": "r12"})
     node = pb.ExternalGrpcNode(providerID=refs[0]["provider_id"], name=refs[0]["name"], labels=labels)
     stack.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=5)
