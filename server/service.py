@@ -42,7 +42,7 @@ def _node_ref(node: pb.ExternalGrpcNode) -> NodeRef:
 
 
 def _instance_pb(inst: Instance) -> pb.Instance:
-    status = pb.InstanceStatus(instanceState=int(inst.state))
+    status = pb.InstanceStatus(instanceState=pb.InstanceStatus.InstanceState.ValueType(int(inst.state)))
     if inst.error is not None:
         status.errorInfo.errorCode = inst.error.code
         status.errorInfo.errorMessage = inst.error.message
@@ -173,6 +173,10 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
                 return pb.PricingNodePriceResponse(
                     price=backend.adapter.node_price(backend.group(gid), node, start, end)
                 )
+        if len(priced) < len(self.registry.backends):
+            # Most likely a node (or a template node) of a cloud without prices: the CA's price expander
+            # must see ErrNotImplemented for it, not an error.
+            raise NotSupported("this node belongs to no backend that prices nodes")
         raise NodeGroupNotFound(node.labels.get("k8s.scaleway.com/pool", "") or node.provider_id or node.name)
 
     @rpc()

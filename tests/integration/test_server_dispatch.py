@@ -133,3 +133,16 @@ def test_labels_seen_on_real_nodes_are_kept_for_the_template(stack):
     node = pb.ExternalGrpcNode(providerID=refs[0]["provider_id"], name=refs[0]["name"], labels=labels)
     stack.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=5)
     assert template(stack, GENERAL_BZ).metadata.labels["example.com/rack"] == "r12"
+
+
+def test_node_price_of_a_cloud_without_prices_is_unimplemented(stack):
+    ref = general_node_refs(stack)[0]
+    request = pb.PricingNodePriceRequest(node=pb.ExternalGrpcNode(providerID=ref["provider_id"], name=ref["name"]))
+    request.endTimestamp.seconds = 3600
+    with pytest.raises(grpc.RpcError) as info:
+        stack.stub.PricingNodePrice(request, timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    scw_node = pb.ExternalGrpcNode(name="template", labels={"k8s.scaleway.com/pool": SCW_POOL})
+    request = pb.PricingNodePriceRequest(node=scw_node)
+    request.endTimestamp.seconds = 3600
+    assert stack.stub.PricingNodePrice(request, timeout=5).price > 0

@@ -1,0 +1,1 @@
+"""Conformance: the upstream cluster-autoscaler externalgrpc client and grpcurl against our server."""
