@@ -18,7 +18,9 @@ def test_generated_protobuf_code_is_current():
 def test_options_fill_both_generations_from_legacy_defaults():
     defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
     defaults.scaleDownUnneededTime.duration = 600 * 10**9
-    opts = compat.build_options(defaults, compat.OptionsOverride(max_node_provision_time=900)).nodeGroupAutoscalingOptions
+    opts = compat.build_options(
+        defaults, compat.OptionsOverride(max_node_provision_time=900)
+    ).nodeGroupAutoscalingOptions
     assert opts.scaleDownUtilizationThreshold == 0.5
     assert opts.scaleDownUnneededTime.duration == 600 * 10**9 and opts.scaleDownUnneededDuration.seconds == 600
     assert opts.MaxNodeProvisionTime.duration == 900 * 10**9 and opts.MaxNodeProvisionDuration.seconds == 900
