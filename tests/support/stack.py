@@ -24,7 +24,7 @@ from providers.backend import Backend
 from server import app
 from server.app import RunningServer
 from server.config import ServerConfig, parse
-from simulators.bizfly import DEFAULT_USERS, BizflySimulator
+from simulators.bizfly import DEFAULT_APP_CREDENTIALS, DEFAULT_USERS, BizflySimulator
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
 from tests.support.certs import Pki, make_pki
@@ -53,16 +53,23 @@ def scaleway_backend(sim: ScalewaySimulator, name: str = "scw", **extra: Any) ->
     }
 
 
-def bizfly_backend(sim: BizflySimulator, name: str = "bizfly", **extra: Any) -> dict[str, Any]:
-    """A server config ``backends[]`` entry for the Bizfly simulator's first cluster (password flow)."""
-    email, password = next(iter(DEFAULT_USERS.items()))
+def bizfly_backend(sim: BizflySimulator, name: str = "bizfly", auth: str = "password", **extra: Any) -> dict[str, Any]:
+    """A server config ``backends[]`` entry for the Bizfly simulator's first cluster."""
+    if auth == "password":
+        email, password = next(iter(DEFAULT_USERS.items()))
+        credentials = {"auth_method": "password", "email": email, "password": password}
+    else:
+        cred_id, cred_secret = next(iter(DEFAULT_APP_CREDENTIALS.items()))
+        credentials = {
+            "auth_method": "application_credential",
+            "app_credential_id": cred_id,
+            "app_credential_secret": cred_secret,
+        }
     return {
         "name": name,
         "type": "bizfly",
         "bizfly": {
-            "auth_method": "password",
-            "email": email,
-            "password": password,
+            **credentials,
             "region": "HN",
             "api_url": sim.url,
             "token_url": sim.token_url,
@@ -140,6 +147,7 @@ def start_stack(
     scaleway: dict[str, Any] | None = None,
     bizfly: dict[str, Any] | None = None,
     tls: str | None = None,
+    bizfly_auth: str = "password",
     backend_extra: Mapping[str, Mapping[str, Any]] | None = None,
     server_extra: Mapping[str, Any] | None = None,
 ) -> Stack:
@@ -159,7 +167,7 @@ def start_stack(
     if bizfly is not None:
         bz_sim = BizflySimulator(scenario=bizfly or None, clock=clock)
         bz_sim.start()
-        backends.append(bizfly_backend(bz_sim, **extra.get("bizfly", {})))
+        backends.append(bizfly_backend(bz_sim, auth=bizfly_auth, **extra.get("bizfly", {})))
     config: dict[str, Any] = {
         "listen": "127.0.0.1:0",
         "http_listen": "127.0.0.1:0",
