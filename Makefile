@@ -45,7 +45,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 bench: $(STAMP)
-	$(PY) -m tests.bench.run
+	$(PY) -m tests.bench.run $(BENCH_ARGS)
 
 soak: $(STAMP)
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600

@@ -308,35 +308,54 @@ class MetricsInterceptor(grpc.ServerInterceptor):
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
+        # Wrapped handlers per method: grpcio asks the interceptor on every call, and rebuilding the
+        # closure, the handler and three label lookups each time cost about 5 % of a hot RPC.
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
 
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
+        name = handler_call_details.method
+        cached = self._wrapped.get(name)
+        if cached is not None:
+            return cached
         handler = continuation(handler_call_details)
         if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler
+            return handler  # not cached: unknown methods keep answering UNIMPLEMENTED through grpcio
         if handler.unary_unary is None:
             return handler
-        service, method = _split_method(handler_call_details.method)
+        wrapped = self._wrap(name, handler)
+        self._wrapped[name] = wrapped
+        return wrapped
+
+    def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        service, method = _split_method(full_method)
         inner = handler.unary_unary
         m = self._metrics
+        started = m.grpc_started.labels("unary", service, method)
+        seconds = m.grpc_handling_seconds.labels("unary", service, method)
+        handled: dict[grpc.StatusCode, Any] = {}
+
+        def count(code: grpc.StatusCode) -> None:
+            child = handled.get(code)
+            if child is None:
+                child = handled[code] = m.grpc_handled.labels("unary", service, method, code.name)
+            child.inc()
 
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
-            m.grpc_started.labels("unary", service, method).inc()
+            started.inc()
             start = time.perf_counter()
-            code = grpc.StatusCode.OK
             try:
                 response = inner(request, context)
-                code = _context_code(context) or grpc.StatusCode.OK
-                return response
             except BaseException:
-                code = _context_code(context) or grpc.StatusCode.UNKNOWN
+                seconds.observe(time.perf_counter() - start)
+                count(_context_code(context) or grpc.StatusCode.UNKNOWN)
                 raise
-            finally:
-                m.grpc_handling_seconds.labels("unary", service, method).observe(time.perf_counter() - start)
-                m.grpc_handled.labels("unary", service, method, code.name).inc()
+            seconds.observe(time.perf_counter() - start)
+            count(_context_code(context) or grpc.StatusCode.OK)
+            return response
 
         return grpc.unary_unary_rpc_method_handler(
             wrapped,

@@ -1,0 +1,97 @@
+"""The simulated cluster a benchmark runs against, and the node list the load client replays.
+
+Both servers under test read the same ``ScalewaySimulator``, so they see the same pools and nodes.
+``generated_cluster`` fills every pool; a tenth of the pools are emptied here (their nodes moved to the
+others, so the node count stays as asked) because the CA asks ``TemplateNodeInfo`` only for groups
+without usable nodes, and a loop that never asks for a template would leave that path unmeasured.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulators.common.clock import WallClock
+from simulators.scaleway import ScalewaySimulator
+from simulators.scaleway.scenarios import generated_cluster
+
+BENCH_SECRET_KEY = "bench-secret-key"
+BENCH_REGION = "fr-par"
+EMPTY_POOL_EVERY = 10  # every 10th pool starts at size 0 (scale-from-zero candidates)
+
+# Annotations a kubelet-registered node typically carries; the CA sends all of them in every
+# NodeGroupForNode request, so they are part of the request size both servers must decode.
+NODE_ANNOTATIONS = {
+    "node.alpha.kubernetes.io/ttl": "0",
+    "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+    "csi.volume.kubernetes.io/nodeid": '{"csi.scaleway.com":"fr-par-1/00000000-0000-0000-0000-000000000000"}',
+}
+
+
+def bench_scenario(pools: int, nodes: int, seed: int = 0) -> dict[str, Any]:
+    """``generated_cluster`` with every ``EMPTY_POOL_EVERY``-th pool emptied, total nodes unchanged."""
+    scenario = generated_cluster(pools=pools, nodes=nodes, seed=seed)
+    pool_list = scenario["clusters"][0]["pools"]
+    empty = [p for i, p in enumerate(pool_list) if i % EMPTY_POOL_EVERY == EMPTY_POOL_EVERY - 1]
+    filled = [p for p in pool_list if p not in empty]
+    if not filled:  # a single pool cannot be both empty and hold the nodes
+        empty = []
+        filled = pool_list
+    moved = sum(p["nodes"] for p in empty)
+    for pool in empty:
+        pool["size"] = pool["nodes"] = 0
+        pool["max_size"] = max(pool["max_size"], 10)
+    base, extra = divmod(moved, len(filled))
+    for index, pool in enumerate(filled):
+        pool["nodes"] += base + (1 if index < extra else 0)
+        pool["size"] = pool["nodes"]
+        pool["max_size"] = max(pool["max_size"], pool["size"] * 2, pool["size"] + 10)
+    scenario["secret_key"] = BENCH_SECRET_KEY
+    return scenario
+
+
+@dataclass(frozen=True)
+class BenchCluster:
+    simulator: ScalewaySimulator
+    cluster_id: str
+    pools: int
+    nodes: int
+    empty_pools: int
+
+    @property
+    def url(self) -> str:
+        return self.simulator.url
+
+    def stop(self) -> None:
+        self.simulator.stop()
+
+
+def start_cluster(pools: int, nodes: int, seed: int = 0) -> BenchCluster:
+    """Start a wall-clock simulator on 127.0.0.1 holding the benchmark cluster."""
+    scenario = bench_scenario(pools, nodes, seed)
+    simulator = ScalewaySimulator(scenario, clock=WallClock(), secret_key=BENCH_SECRET_KEY, region=BENCH_REGION).start()
+    empty = sum(1 for p in scenario["clusters"][0]["pools"] if p["size"] == 0)
+    return BenchCluster(simulator, simulator.cluster_id, pools, nodes, empty)
+
+
+def node_list(cluster: BenchCluster) -> list[dict[str, Any]]:
+    """The Kubernetes nodes as the CA would present them: providerID, name, labels, annotations."""
+    state = cluster.simulator.state
+    with state.lock:
+        result = []
+        for node in state.nodes.values():
+            pool = state.pools[node.pool_id]
+            labels = dict(pool.labels)
+            labels["kubernetes.io/hostname"] = node.name
+            result.append(
+                {"providerID": node.provider_id, "name": node.name, "labels": labels, "annotations": NODE_ANNOTATIONS}
+            )
+    return result
+
+
+def write_node_list(cluster: BenchCluster, path: Path) -> int:
+    nodes = node_list(cluster)
+    path.write_text(json.dumps(nodes))
+    return len(nodes)

@@ -1,0 +1,134 @@
+"""Build the two Go programs the benchmark needs: the load client and the upstream example server.
+
+Both come from the Go module proxy through ordinary ``go build`` calls. Binaries are kept in a cache
+directory named after a hash of their module files (go.mod, go.sum, sources), so a warm run skips the
+link step and a changed pin or source rebuilds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+LOAD_CLIENT_DIR = BENCH_DIR / "loadclient"
+UPSTREAM_DIR = BENCH_DIR / "upstream"
+# The example server is package main inside the CA module; our module names it in a `tool` line.
+UPSTREAM_PACKAGE = (
+    "k8s.io/autoscaler/cluster-autoscaler/cloudprovider/externalgrpc/examples/external-grpc-cloud-provider-service"
+)
+# Only the Scaleway provider is compiled in (the builder's per-provider build tag), as a Scaleway
+# deployment of the example would be; the default tag set would link every in-tree cloud.
+UPSTREAM_TAGS = "scaleway"
+BUILD_TIMEOUT = 1800.0  # a cold build downloads and compiles the CA module graph
+# The release the comparison is defined against (the issue: the cluster-autoscaler-1.36.1 commit).
+UPSTREAM_RELEASE = "1.36.1"
+
+
+class GoBuildError(RuntimeError):
+    """``go`` is missing or a build failed; the message carries go's own output."""
+
+
+class WrongUpstreamRelease(RuntimeError):
+    """tests/bench/upstream/go.mod pins a CA commit that is not the release the bench compares against."""
+
+
+@dataclass(frozen=True)
+class UpstreamPin:
+    version: str  # pseudo-version of k8s.io/autoscaler/cluster-autoscaler in our go.mod
+    commit: str  # its 12-hex commit prefix
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("GO_CACHE_DIR") or str(Path.home() / ".cache" / "ca-externalgrpc-go")
+    path = Path(base) / "bench"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def go_binary() -> str:
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if go is None:
+        raise GoBuildError("the Go toolchain (`go`) is not on PATH; the load client and upstream server need it")
+    return go
+
+
+def _fingerprint(directory: Path, extra: str = "") -> str:
+    digest = hashlib.sha256(extra.encode())
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and path.suffix in (".go", ".mod", ".sum"):
+            digest.update(str(path.relative_to(directory)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _build(directory: Path, output: Path, package: str, tags: str = "") -> Path:
+    if output.exists():
+        return output
+    tmp = output.with_name(output.name + ".tmp")
+    argv = [go_binary(), "build", "-trimpath", "-o", str(tmp)]
+    if tags:
+        argv += ["-tags", tags]
+    argv.append(package)
+    env = dict(os.environ, GOFLAGS=os.environ.get("GOFLAGS", "-buildvcs=false"), CGO_ENABLED="0")
+    try:
+        done = subprocess.run(argv, cwd=directory, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise GoBuildError(f"`{' '.join(argv)}` in {directory} took over {BUILD_TIMEOUT:.0f}s") from exc
+    if done.returncode != 0:
+        raise GoBuildError(f"`{' '.join(argv)}` in {directory} failed:\n{done.stderr.strip()[-4000:]}")
+    tmp.replace(output)
+    return output
+
+
+def build_load_client() -> Path:
+    output = cache_dir() / f"loadclient-{_fingerprint(LOAD_CLIENT_DIR)}"
+    return _build(LOAD_CLIENT_DIR, output, ".")
+
+
+def build_go_reference() -> Path:
+    output = cache_dir() / f"goreference-{_fingerprint(LOAD_CLIENT_DIR)}"
+    return _build(LOAD_CLIENT_DIR, output, "./goreference")
+
+
+def upstream_pin() -> UpstreamPin:
+    text = (UPSTREAM_DIR / "go.mod").read_text()
+    match = re.search(r"^\s*(?:require\s+)?k8s\.io/autoscaler/cluster-autoscaler (v\S+)", text, re.MULTILINE)
+    if match is None:
+        raise GoBuildError(f"{UPSTREAM_DIR / 'go.mod'} does not require k8s.io/autoscaler/cluster-autoscaler")
+    version = match.group(1)
+    return UpstreamPin(version=version, commit=version.rsplit("-", 1)[-1])
+
+
+def upstream_release() -> str:
+    """``ClusterAutoscalerVersion`` of the pinned CA module (downloaded through the module proxy)."""
+    argv = [go_binary(), "list", "-m", "-f", "{{.Dir}}", "k8s.io/autoscaler/cluster-autoscaler"]
+    try:
+        done = subprocess.run(argv, cwd=UPSTREAM_DIR, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        raise GoBuildError(f"`{' '.join(argv)}` took over {BUILD_TIMEOUT:.0f}s") from exc
+    if done.returncode != 0 or not done.stdout.strip():
+        raise GoBuildError(f"`{' '.join(argv)}` in {UPSTREAM_DIR} failed:\n{done.stderr.strip()[-4000:]}")
+    version_go = Path(done.stdout.strip()) / "version" / "version.go"
+    match = re.search(r'ClusterAutoscalerVersion = "([^"]+)"', version_go.read_text())
+    if match is None:
+        raise GoBuildError(f"no ClusterAutoscalerVersion in {version_go}")
+    return match.group(1)
+
+
+def build_upstream() -> Path:
+    """Build the example server, refusing a pin that is not the release the comparison is defined for."""
+    release = upstream_release()
+    if release != UPSTREAM_RELEASE:
+        raise WrongUpstreamRelease(
+            f"tests/bench/upstream/go.mod pins {upstream_pin().version}, which is CA {release}, not "
+            f"{UPSTREAM_RELEASE}; put the pseudo-version of the cluster-autoscaler-{UPSTREAM_RELEASE} commit there "
+            "(tests/bench/README.md, 'Pinning the upstream server')"
+        )
+    output = cache_dir() / f"upstream-example-{_fingerprint(UPSTREAM_DIR, UPSTREAM_TAGS)}"
+    return _build(UPSTREAM_DIR, output, UPSTREAM_PACKAGE, UPSTREAM_TAGS)
