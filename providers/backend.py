@@ -209,10 +209,12 @@ class Backend:
             return snapshot
 
     def _build_snapshot(self, listing: CloudListing, started: float) -> Snapshot:
+        # Wall-clock time of the read, for humans (status command, CA logs of NodeGroup.debug).
+        synced = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         groups: dict[str, GroupState] = {}
         by_pid: dict[str, str] = {}
         for group in listing.groups:
-            group = replace(group, debug=f"backend={self.name} {group.debug}".strip())
+            group = replace(group, debug=f"backend={self.name} synced={synced} {group.debug}".strip())
             groups[group.id] = group
             for inst in group.instances:
                 if inst.id:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections import Counter
 from pathlib import Path
@@ -47,7 +48,9 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
                 "instances": len(instances),
                 **states,
                 "errors": errors,
-                "debug": group.debug,
+                "backend": _field(group.debug, "backend") or "?",
+                "snapshot_age": _age(group.debug),
+                "debug": _strip_known(group.debug),
             }
         )
     health = health_pb2_grpc.HealthStub(channel)
@@ -60,6 +63,29 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
     except grpc.RpcError:
         pass
     return rows, backends
+
+
+def _field(debug: str, key: str) -> str:
+    for word in debug.split():
+        if word.startswith(key + "="):
+            return word.split("=", 1)[1]
+    return ""
+
+
+def _age(debug: str) -> str:
+    """How old the server's view of the group is, from the ``synced=`` time in the debug string."""
+    synced = _field(debug, "synced")
+    if not synced:
+        return "?"
+    try:
+        at = dt.datetime.strptime(synced, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return "?"
+    return f"{max((dt.datetime.now(dt.UTC) - at).total_seconds(), 0):.0f}s"
+
+
+def _strip_known(debug: str) -> str:
+    return " ".join(w for w in debug.split() if not w.startswith(("backend=", "synced="))) or "-"
 
 
 def _backend_health_names(channel: grpc.Channel, timeout: float) -> list[str]:
@@ -76,14 +102,29 @@ def _backend_health_names(channel: grpc.Channel, timeout: float) -> list[str]:
 
 
 def render(rows: list[dict[str, object]], backends: list[tuple[str, str]]) -> str:
-    cols = ["id", "min", "max", "target", "instances", "running", "creating", "deleting", "errors", "debug"]
+    cols = [
+        "id",
+        "backend",
+        "min",
+        "max",
+        "target",
+        "instances",
+        "running",
+        "creating",
+        "deleting",
+        "errors",
+        "snapshot_age",
+        "debug",
+    ]
     table = [[str(row.get(c, 0)) for c in cols] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(cols)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in table]
     if backends:
         lines.append("")
-        lines += [f"backend {name}: {status}" for name, status in backends]
+        for name, status in backends:
+            ages = sorted({str(r["snapshot_age"]) for r in rows if r.get("backend") == name})
+            lines.append(f"backend {name}: {status}" + (f" (snapshot age {', '.join(ages)})" if ages else ""))
     return "\n".join(lines)
 
 
