@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -14,6 +13,7 @@ import yaml
 
 from providers.backend import SyncSettings
 from providers.config_errors import ConfigError
+from providers.config_values import is_loopback
 from providers.model import NodeTemplate, Taint
 from server.compat import OptionsOverride
 from server.node_encoding import is_valid_quantity
@@ -64,15 +64,6 @@ def parse_address(key: str, value: Any) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ConfigError(key, f"port {port} is out of range", "use a port between 1 and 65535")
     return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

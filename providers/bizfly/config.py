@@ -29,15 +29,14 @@ When this is the only Bizfly backend (``env_applies``), the upstream variables o
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from providers.bizfly.regions import normalize_region
 from providers.config_errors import ConfigError
+from providers.config_values import api_base_url
 
 PASSWORD = "password"
 APPLICATION_CREDENTIAL = "application_credential"
@@ -163,16 +162,19 @@ def parse_config(key: str, raw: Mapping[str, Any], env: Mapping[str, str], env_a
     region = normalize_region(values.get("region") or DEFAULT_REGION)
     if not region:
         raise ConfigError(where("region"), "the region is empty", "use HN (Ha Noi) or HCM (Ho Chi Minh)")
-    api_url = _url(where("api_url"), values.get("api_url") or DEFAULT_API_URL)
-    token_url = _url(where("token_url"), values.get("token_url") or default_token_url(api_url))
+    example = "https://manage.bizflycloud.vn"
+    api_url = api_base_url(where("api_url"), values.get("api_url") or DEFAULT_API_URL, example)
+    token_url = api_base_url(where("token_url"), values.get("token_url") or default_token_url(api_url), example)
     k8s_url = values.get("kubernetes_engine_url")
+    if k8s_url:
+        k8s_url = api_base_url(where("kubernetes_engine_url"), k8s_url, f"{example}/api/kubernetes-engine")
     return BizflyConfig(
         cluster_name=cluster,
         auth_method=method,
         region=region,
         api_url=api_url,
         token_url=token_url,
-        kubernetes_engine_url=_url(where("kubernetes_engine_url"), k8s_url) if k8s_url else None,
+        kubernetes_engine_url=k8s_url or None,
         email=values.get("email", ""),
         tenant_id=values.get("tenant_id", ""),
         app_credential_id=values.get("app_credential_id", "") if method == APPLICATION_CREDENTIAL else "",
@@ -221,27 +223,6 @@ def _require(values: Mapping[str, str], name: str, where: Any, fix: str) -> None
         raise ConfigError(
             where(name), f"{name} is required by auth method {values.get('auth_method') or 'chosen'}", fix
         )
-
-
-def _url(key: str, value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(key, f"{value!r} is not an http(s) URL", "write it like https://manage.bizflycloud.vn")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        # Credentials and tokens travel in these requests: plaintext only to a local simulator.
-        raise ConfigError(
-            key, f"{value!r} would send credentials unencrypted", "use https:// (http is allowed only for loopback)"
-        )
-    return value.rstrip("/")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _timeout(key: str, value: Any) -> float:

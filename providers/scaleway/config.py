@@ -21,14 +21,13 @@ non-empty and this is the only Scaleway backend (``env_applies``).
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from providers.config_errors import ConfigError
+from providers.config_values import api_base_url
 
 DEFAULT_API_URL = "https://api.scaleway.com"
 DEFAULT_REGION = "fr-par"
@@ -107,7 +106,7 @@ def parse_config(key: str, raw: Mapping[str, Any], env: Mapping[str, str], env_a
         raise ConfigError(
             where("region"), f"{region!r} is not a Scaleway region", "use a region name such as fr-par, nl-ams, pl-waw"
         )
-    api_url = _url(where("api_url"), values["api_url"] or DEFAULT_API_URL)
+    api_url = api_base_url(where("api_url"), values["api_url"] or DEFAULT_API_URL, "https://api.scaleway.com")
     secret_key = _secret_key(key, raw, env, overridden, env_applies)
     return ScalewayConfig(
         cluster_id=cluster_id,
@@ -166,30 +165,6 @@ def _secret_key(
             "set secret_key_env to the name of an environment variable holding the key, or export SCW_SECRET_KEY",
         )
     return given.strip()
-
-
-def _url(key: str, value: str) -> str:
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(key, f"{value!r} is not an http(s) URL", "write e.g. https://api.scaleway.com")
-    if parts.query or parts.fragment:
-        raise ConfigError(key, f"{value!r} has a query or fragment", "give only scheme, host, port and path")
-    if parts.scheme == "http" and not _is_loopback(parts.hostname):
-        raise ConfigError(
-            key,
-            f"{value!r} would send the secret key unencrypted",
-            "use https:// (http is allowed only for loopback test servers)",
-        )
-    return value.rstrip("/")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _timeout(key: str, value: Any) -> float:
