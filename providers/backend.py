@@ -367,8 +367,11 @@ class Backend:
         self.group(group_id)
         lock = self._acquire(group_id, deadline)
         try:
-            intent = self._intents.pop(group_id, None)
+            intent = self._intents.get(group_id)
             group = self._base(group_id, deadline, force_read=intent is not None)
+            # Settled only once the cloud could be read: if that read fails, the next retry must still
+            # know that the first call may have landed, or it would apply the change a second time.
+            self._intents.pop(group_id, None)
             if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
                 # The earlier call that timed out did land: this is the CA retrying it.
                 log.info(
@@ -394,13 +397,21 @@ class Backend:
         lock = self._acquire(group_id, deadline)
         try:
             group = self._base(group_id, deadline)
+            running, booting = self._running_and_booting(group_id)
+            if group.target_size + delta < running + booting and not self._snapshot_fresh():
+                # The cloud decides which machines a smaller size removes (booting ones first), and a
+                # machine the snapshot shows booting may run by now: decide on a fresh view. Syncing is
+                # a full listing, so it is done only when booting machines matter, and it leaves the
+                # snapshot fresh for the CA's next attempt if this one runs out of time.
+                self.sync(deadline)
+                group = self._base(group_id, deadline)
+                running, _ = self._running_and_booting(group_id)
             desired = group.target_size + delta
             if desired < group.min_size:
                 raise SizeLimitExceeded(
                     f"size decrease too large for node group {group_id!r}: target {group.target_size} "
                     f"+ delta {delta} = {desired} < min {group.min_size}"
                 )
-            running = sum(1 for i in self.instances(group_id) if i.state == InstanceState.RUNNING)
             if desired < running:
                 raise SizeLimitExceeded(
                     f"attempt to delete existing nodes of {group_id!r}: target {group.target_size} + delta "
@@ -410,6 +421,19 @@ class Backend:
             return desired
         finally:
             lock.release()
+
+    def _running_and_booting(self, group_id: str) -> tuple[int, int]:
+        """Machines of the current view that run, and that boot without error (leaving ones excluded)."""
+        running = booting = 0
+        for inst in self.instances(group_id):
+            if inst.state == InstanceState.RUNNING:
+                running += 1
+            elif inst.state == InstanceState.CREATING and inst.error is None:
+                booting += 1
+        return running, booting
+
+    def _snapshot_fresh(self) -> bool:
+        return self._clock() - self._snapshot.started_at <= FRESH_FOR_WRITE
 
     def _write_size(self, group: GroupState, desired: int, deadline: Deadline) -> None:
         try:

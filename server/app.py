@@ -16,7 +16,8 @@ from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.backend import Backend
 from providers.registry import Registry
 from server.clouds import cloud_type
-from server.config import ServerConfig, is_loopback
+from server.config import ServerConfig
+from server.decoding import DecodingInterceptor
 from server.service import SERVICE_NAME, CloudProviderService
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     register_secrets(config)
     registry = Registry(backends if backends is not None else build_backends(config))
     metrics = _metrics()
-    interceptors = [metrics.interceptor()] if metrics is not None else []
+    # Outermost first: metrics see every answer, including INVALID_ARGUMENT for undecodable bytes.
+    interceptors = ([metrics.interceptor()] if metrics is not None else []) + [DecodingInterceptor()]
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(
         registry, options, on_scale_action=metrics.scale_action if metrics is not None else None
@@ -121,12 +123,6 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     host, port = config.listen
-    if config.tls is None and not is_loopback(host):
-        log.warning(
-            "serving PLAINTEXT gRPC on a non-loopback address: anyone who reaches it can resize and delete "
-            "nodes; configure tls (cert, key, client_ca) unless a network policy or mesh protects this port",
-            extra={"address": f"{host}:{port}"},
-        )
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     creds = _credentials(config)
     bound = server.add_secure_port(bind, creds) if creds is not None else server.add_insecure_port(bind)

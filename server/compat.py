@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from protos import externalgrpc_pb2 as pb
+from providers.errors import InvalidRequest
 
 NANOS = 1_000_000_000
 
@@ -79,7 +80,11 @@ def build_options(
 
 def _time(message: object) -> dt.datetime:
     seconds = getattr(message, "seconds", 0)
-    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+    try:
+        return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
+    except (OverflowError, OSError, ValueError):
+        # A Timestamp outside what a datetime holds (year 1..9999) is a malformed request, not a crash.
+        raise InvalidRequest(f"pricing timestamp {seconds}s since the epoch is out of range") from None
 
 
 def pricing_window(

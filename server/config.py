@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -29,6 +30,8 @@ __all__ = [
     "parse_duration",
     "parse_address",
 ]
+
+log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -306,6 +309,12 @@ def parse(raw: Any, env: Mapping[str, str] | None = None, base: Path | None = No
     allow = raw.get("allow_plaintext_non_loopback", False)
     if not isinstance(allow, bool):
         raise ConfigError("allow_plaintext_non_loopback", f"{allow!r} is not true/false", "write true or false")
+    if tls is None and not is_loopback(listen[0]) and allow:
+        log.warning(
+            "plaintext gRPC allowed on non-loopback address %s (allow_plaintext_non_loopback: true): anyone who "
+            "can reach it can resize node groups; use it only behind a network policy or a TLS-terminating mesh",
+            listen[0],
+        )
     if tls is None and not is_loopback(listen[0]) and not allow:
         raise ConfigError(
             "listen",

@@ -39,11 +39,11 @@ _SECRET_KEYS = (
 )
 _KEY_VALUE_PATTERNS = (
     # "password": "value" (JSON), 'token': 'value' (Python repr)
-    re.compile(rf"""(?i)(["']?(?:[\w-]*?(?:{_SECRET_KEYS}))["']?\s*:\s*)(["'])(?:\\.|(?!\2).)*\2"""),
+    re.compile(rf"""(?i)(["']?(?:[\w-]{{0,32}}?(?:{_SECRET_KEYS}))["']?\s*:\s*)(["'])(?:\\.|(?!\2).)*\2"""),
     # X-Auth-Token: value / Authorization: Bearer value (header style, up to end of line or comma)
     re.compile(rf"(?i)\b((?:{_SECRET_KEYS})\s*:\s*)(?:bearer\s+|basic\s+)?[^\s,;'\"}}]+"),
     # password=value, secret_key=value, token=value (query strings, CLI, key=value logs)
-    re.compile(rf"(?i)\b([\w-]*?(?:{_SECRET_KEYS})\s*=\s*)(?:\"[^\"]*\"|'[^']*'|[^\s&,;'\"}}]+)"),
+    re.compile(rf"(?i)\b([\w-]{{0,32}}?(?:{_SECRET_KEYS})\s*=\s*)(?:\"[^\"]*\"|'[^']*'|[^\s&,;'\"}}]+)"),
 )
 # e.g. a Scaleway secret key is a UUID; we do not mask every UUID (ids are UUIDs too) — only
 # registered values and values next to a secret-looking key are masked.
@@ -101,7 +101,7 @@ def _redact_value(value: Any) -> Any:
     return redact(str(value))
 
 
-_SECRET_KEY_RE = re.compile(rf"(?i)^[\w-]*?(?:{_SECRET_KEYS})$")
+_SECRET_KEY_RE = re.compile(rf"(?i)^[\w-]{{0,32}}?(?:{_SECRET_KEYS})$")
 
 
 def _is_secret_key(key: Any) -> bool:

@@ -26,6 +26,7 @@ from providers.model import GroupState, Instance, NodeRef
 from providers.registry import Registry
 from server import compat
 from server.errors import status_for
+from server.logs import redact
 from server.node_encoding import encode_template
 
 log = logging.getLogger("server.rpc")
@@ -67,8 +68,9 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
                 result = method(self, request, context)
             except DomainError as err:
                 code = status_for(err)
-                _log(name, mutating, request, code.name, start, str(err))
-                context.abort(code, str(err))
+                message = _details(err)
+                _log(name, mutating, request, code.name, start, message)
+                context.abort(code, message)
             except Exception:  # a bug must answer INTERNAL, never crash the server or hang
                 log.exception("unexpected failure", extra={"grpc_method": name})
                 context.abort(grpc.StatusCode.INTERNAL, f"{name} failed unexpectedly; see the server log")
@@ -79,6 +81,22 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
         return handler
 
     return wrap
+
+
+# gRPC carries the details in a header: the client drops the whole answer (RESOURCE_EXHAUSTED,
+# "metadata size exceeds soft limit") beyond 8 KiB, and a hostile request can make a message echo
+# a huge id. Keep well under it.
+MAX_DETAILS = 1024
+MAX_LOGGED_ID = 256
+
+
+def _details(err: DomainError) -> str:
+    """The error text for the CA: every configured secret masked, cut to a size gRPC always delivers."""
+    text = str(err)
+    if len(text) > MAX_DETAILS:
+        # Cut before redacting (redaction costs time per character); the cut text is redacted whole.
+        text = text[: MAX_DETAILS - 16] + " ...(truncated)"
+    return redact(text)
 
 
 def _log(method: str, mutating: bool, request: Any, code: str, start: float, message: str) -> None:
@@ -92,11 +110,11 @@ def _log(method: str, mutating: bool, request: Any, code: str, start: float, mes
     }
     group = getattr(request, "id", None)
     if group:
-        extra["node_group"] = group
+        extra["node_group"] = group[:MAX_LOGGED_ID]  # a hostile id must not make every log line huge
     if hasattr(request, "delta"):
         extra["delta"] = request.delta
     if method == "NodeGroupDeleteNodes":
-        extra["nodes"] = [n.providerID or n.name for n in request.nodes][:20]
+        extra["nodes"] = [(n.providerID or n.name)[:MAX_LOGGED_ID] for n in request.nodes][:20]
     extra["result"] = "ok" if code == "OK" else "error"
     log.log(level, f"{method} {code}" + (f": {message}" if message else ""), extra=extra)
 

@@ -335,5 +335,6 @@ def test_malformed_request_bytes_get_a_precise_status(stack):
     )
     with pytest.raises(grpc.RpcError) as info:
         call(b"\xff\xff\xff\xff", timeout=5)
-    assert info.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "NodeGroupIncreaseSizeRequest" in info.value.details()
     assert cloud_mutations(stack) == []
