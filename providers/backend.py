@@ -397,15 +397,16 @@ class Backend:
         lock = self._acquire(group_id, deadline)
         try:
             group = self._base(group_id, deadline)
-            running, booting = self._running_and_booting(group_id)
-            if group.target_size + delta < running + booting and not self._snapshot_fresh():
-                # The cloud decides which machines a smaller size removes (booting ones first), and a
-                # machine the snapshot shows booting may run by now: decide on a fresh view. Syncing is
-                # a full listing, so it is done only when booting machines matter, and it leaves the
-                # snapshot fresh for the CA's next attempt if this one runs out of time.
+            running, booting, failed = self._machine_counts(group_id)
+            unseen = max(group.target_size - running - booting - failed, 0)
+            if group.target_size + delta < running + booting + unseen:
+                # The cloud decides which machines a smaller size removes (booting ones first); one the
+                # snapshot shows booting, or does not show yet, may run by now. Decide on a fresh view.
+                # Syncing is a full listing, so it is done only when such machines could be hit, and it
+                # also refreshes what every other RPC serves.
                 self.sync(deadline)
                 group = self._base(group_id, deadline)
-                running, _ = self._running_and_booting(group_id)
+                running, _, _ = self._machine_counts(group_id)
             desired = group.target_size + delta
             if desired < group.min_size:
                 raise SizeLimitExceeded(
@@ -422,18 +423,18 @@ class Backend:
         finally:
             lock.release()
 
-    def _running_and_booting(self, group_id: str) -> tuple[int, int]:
-        """Machines of the current view that run, and that boot without error (leaving ones excluded)."""
-        running = booting = 0
+    def _machine_counts(self, group_id: str) -> tuple[int, int, int]:
+        """Machines of the current view that run, boot, and failed to boot (leaving ones excluded)."""
+        running = booting = failed = 0
         for inst in self.instances(group_id):
             if inst.state == InstanceState.RUNNING:
                 running += 1
-            elif inst.state == InstanceState.CREATING and inst.error is None:
-                booting += 1
-        return running, booting
-
-    def _snapshot_fresh(self) -> bool:
-        return self._clock() - self._snapshot.started_at <= FRESH_FOR_WRITE
+            elif inst.state == InstanceState.CREATING:
+                if inst.error is None:
+                    booting += 1
+                else:
+                    failed += 1
+        return running, booting, failed
 
     def _write_size(self, group: GroupState, desired: int, deadline: Deadline) -> None:
         try:
