@@ -8,11 +8,12 @@ and the wrapped handler answers it with INVALID_ARGUMENT naming the expected mes
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from server.interceptors import UnaryInterceptor
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,25 +22,11 @@ class Malformed:
     error: str
 
 
-class DecodingInterceptor(grpc.ServerInterceptor):
-    def __init__(self) -> None:
-        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        name = handler_call_details.method
-        cached = self._wrapped.get(name)
-        if cached is not None:
-            return cached
-        handler = continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
-            return handler  # streaming (health Watch, reflection) and unknown methods: grpcio's own way
-        wrapped = _wrap(handler)
-        self._wrapped[name] = wrapped
-        return wrapped
+class DecodingInterceptor(UnaryInterceptor):
+    def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if handler.request_deserializer is None:
+            return handler  # raw-bytes handlers have nothing to decode
+        return _wrap(handler)
 
 
 def _wrap(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

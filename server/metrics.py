@@ -39,6 +39,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from server.interceptors import UnaryInterceptor
+
 log = logging.getLogger(__name__)
 
 PREFIX = "ca_externalgrpc_"
@@ -296,7 +298,7 @@ class _SnapshotAgeCollector(Collector):
 # ---------------------------------------------------------------------- gRPC interceptor
 
 
-class MetricsInterceptor(grpc.ServerInterceptor):
+class MetricsInterceptor(UnaryInterceptor):
     """Counts and times every unary-unary RPC, recording the status code the client will see.
 
     The handler either returns (code OK, unless it called ``context.set_code``), calls
@@ -307,28 +309,8 @@ class MetricsInterceptor(grpc.ServerInterceptor):
     """
 
     def __init__(self, metrics: Metrics) -> None:
+        super().__init__()
         self._metrics = metrics
-        # Wrapped handlers per method: grpcio asks the interceptor on every call, and rebuilding the
-        # closure, the handler and three label lookups each time cost about 5 % of a hot RPC.
-        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        name = handler_call_details.method
-        cached = self._wrapped.get(name)
-        if cached is not None:
-            return cached
-        handler = continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler  # not cached: unknown methods keep answering UNIMPLEMENTED through grpcio
-        if handler.unary_unary is None:
-            return handler
-        wrapped = self._wrap(name, handler)
-        self._wrapped[name] = wrapped
-        return wrapped
 
     def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         service, method = _split_method(full_method)
