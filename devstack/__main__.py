@@ -12,16 +12,19 @@ from server.cli import DefaultsHelpFormatter
 from server.logs import configure_logging
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m devstack",
         description="serve the CloudProvider API against the simulated Scaleway and Bizfly clouds "
         "(no credentials, no cloud account); make run starts this",
         formatter_class=DefaultsHelpFormatter,
     )
-    parser.add_argument("--listen", default="127.0.0.1:8086", help="gRPC host:port (make run LISTEN=...)")
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", default="127.0.0.1:8086", help="gRPC host:port (make run LISTEN=...)"
+    )
     parser.add_argument(
         "--http-listen",
+        metavar="HOST:PORT",
         default="127.0.0.1:8087",
         help="host:port of /healthz, /readyz, /metrics (make run HTTP_LISTEN=...)",
     )
@@ -30,7 +33,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="server log level"
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 # Where a busy port is changed, by the config key the server reports.
@@ -41,7 +44,7 @@ PORT_FLAGS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     try:
         demo = start_demo(args.listen, args.http_listen, speed=args.speed)

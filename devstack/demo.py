@@ -98,7 +98,7 @@ def banner(demo: Demo) -> str:
         if example is not None:
             request = f'\'{{"id": "{example}"}}\''
             lines.append(f"  grpcurl -plaintext -d {request} {address} {SERVICE}/NodeGroupNodes")
-    if http:
+    if http and shutil.which("curl") is not None:
         lines.append(f"  curl -s http://{http}/readyz")
     lines.append("Stop with Ctrl-C.")
     return "\n".join(lines)

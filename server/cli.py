@@ -130,7 +130,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ca-externalgrpc",
         description="cluster-autoscaler externalgrpc cloud-provider server",
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="print node groups, sizes and instances of a running server",
         formatter_class=DefaultsHelpFormatter,
     )
-    status.add_argument("--address", default="127.0.0.1:8086", help="the server's gRPC host:port")
+    status.add_argument("--address", metavar="HOST:PORT", default="127.0.0.1:8086", help="the server's gRPC host:port")
     status.add_argument("--cert", help="client certificate, PEM (mTLS)")
     status.add_argument("--key", help="client private key, PEM (mTLS)")
     status.add_argument("--cacert", help="CA bundle, PEM, that signed the server certificate (TLS)")
@@ -180,8 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     status.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each RPC")
     status.set_defaults(func=cmd_status)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return int(args.func(args))
 
 
