@@ -66,7 +66,18 @@ def _start_profiler(server: BenchedServer, out: Path, nodes: int) -> subprocess.
     if py_spy is None:
         raise SystemExit("--profile needs py-spy on PATH (pip install py-spy)")
     target = out / f"ours-{nodes}.speedscope.json"
-    argv = [py_spy, "record", "--pid", str(server.pid), "--format", "speedscope", "--rate", "250", "-o", str(target)]
+    argv = [
+        py_spy,
+        "record",
+        "--pid",
+        str(server.process.pid),
+        "--format",
+        "speedscope",
+        "--rate",
+        "250",
+        "-o",
+        str(target),
+    ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -134,7 +145,7 @@ def run_size(
                 requests[name],
                 args.loops,
                 raw["measure_seconds"],
-                server.memory(),
+                server.process.memory(),
                 {
                     "serving_s": startup.serving_s,
                     "node_groups_s": startup.node_groups_s,

@@ -51,14 +51,6 @@ class BenchedServer:
     address: str
     startup: Startup
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def memory(self) -> dict[str, float]:
-        """Peak and current resident set size of the server process, MiB, from /proc."""
-        return self.process.memory()
-
     def stop(self) -> None:
         self.process.stop()
 
