@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -331,7 +332,8 @@ class ServerProcess(ChildProcess):
         name: str = "ours",
         start_timeout: float = START_TIMEOUT_SECONDS,
     ) -> None:
-        workdir = workdir or Path.cwd()
+        # The config and the ready file live in workdir (a fresh temporary directory by default).
+        workdir = workdir or Path(tempfile.mkdtemp(prefix="ca-externalgrpc-"))
         config = {**raw_config, "listen": ANY_LOOPBACK_PORT, "http_listen": ANY_LOOPBACK_PORT}
         self.config_path = write_config(workdir / f"{name}.yaml", config)
         self.ready_path = workdir / f"{name}.ready.json"
