@@ -22,6 +22,7 @@ from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
+from tests.support.certs import make_pki
 from tests.support.stack import client_credentials, free_port, running_stack, scaleway_backend, write_config
 
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
@@ -195,3 +196,88 @@ def test_sigterm_drains_in_flight_calls_then_exits(tmp_path):
             remaining = process.stderr.read() if process.stderr else ""
             lines = [json.loads(line) for line in remaining.splitlines() if line.startswith("{")]
             assert all("level" in line for line in lines)
+
+
+def _serve_subprocess(tmp_path: Path, config: dict) -> subprocess.Popen[str]:
+    path = write_config(tmp_path / "config.yaml", {"log": {"format": "json", "level": "info"}, **config})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SCW_", "CLUSTER_ID", "BIZFLYCLOUD_"))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--config", str(path)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _serving_port(process: subprocess.Popen[str], deadline: float, seen: list[str]) -> int | None:
+    """The gRPC port from the "serving" log line, or None when the process exits first; lines read go to seen."""
+    assert process.stderr is not None
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        seen.append(line)
+        if not line:
+            return None
+        record = json.loads(line) if line.startswith("{") else {}
+        if record.get("msg") == "serving":
+            return int(record["address"].rsplit(":", 1)[1])
+    raise AssertionError("the server neither served nor exited")
+
+
+def _stop(process: subprocess.Popen[str], seen: list[str]) -> str:
+    """Stop the server (SIGTERM) and return all it wrote to stderr."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        _, err = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate(timeout=5)
+    return "".join(seen) + (err or "")
+
+
+def test_tls_off_loopback_without_client_authentication_refuses_to_start(tmp_path):
+    """Anyone who can reach a non-loopback port could resize pools: a server certificate alone is not enough."""
+    pki = make_pki(tmp_path / "pki")
+    with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
+        process = _serve_subprocess(
+            tmp_path,
+            {
+                "listen": "0.0.0.0:0",
+                "http_listen": None,
+                "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)},
+                "backends": [scaleway_backend(sim)],
+            },
+        )
+        seen: list[str] = []
+        try:
+            port = _serving_port(process, time.monotonic() + 30, seen)
+            if port is not None:
+                creds = client_credentials(pki, with_cert=False)
+                with grpc.secure_channel(f"127.0.0.1:{port}", creds) as channel:
+                    groups = node_groups(channel)
+                raise AssertionError(f"served {len(groups)} groups to a client without a certificate on 0.0.0.0")
+            assert process.wait(timeout=10) == 2
+        finally:
+            stderr = _stop(process, seen)
+    assert "tls.client_ca" in stderr and "allow_unauthenticated_clients" in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+def test_tls_off_loopback_serves_unauthenticated_clients_only_when_allowed_explicitly(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
+        tls = {"cert": str(pki.server_cert), "key": str(pki.server_key), "allow_unauthenticated_clients": True}
+        process = _serve_subprocess(
+            tmp_path, {"listen": "0.0.0.0:0", "http_listen": None, "tls": tls, "backends": [scaleway_backend(sim)]}
+        )
+        seen: list[str] = []
+        try:
+            port = _serving_port(process, time.monotonic() + 30, seen)
+            assert port is not None, _stop(process, seen)
+            with grpc.secure_channel(f"127.0.0.1:{port}", client_credentials(pki, with_cert=False)) as channel:
+                assert node_groups(channel)
+        finally:
+            stderr = _stop(process, seen)
+    assert "allow_unauthenticated_clients" in stderr  # the start-up warning names the key
