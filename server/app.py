@@ -18,6 +18,7 @@ from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
 from server.decoding import DecodingInterceptor
+from server.group_overrides import UnmatchedOverrideCheck
 from server.service import SERVICE_NAME, CloudProviderService
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,10 @@ def build_backends(config: ServerConfig) -> list[Backend]:
     for bc in config.backends:
         adapter = cloud_type(bc.type).build_adapter(bc.cloud)
         overrides = {gid: g.template for gid, g in bc.groups.items() if g.template is not None}
-        backends.append(Backend(bc.name, adapter, bc.sync, template_overrides=overrides))
+        backend = Backend(bc.name, adapter, bc.sync, template_overrides=overrides)
+        if bc.groups:
+            backend.listeners.append(UnmatchedOverrideCheck(bc.groups))
+        backends.append(backend)
     return backends
 
 
