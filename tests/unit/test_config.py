@@ -413,3 +413,25 @@ def test_validate_offline_over_the_real_cli_needs_no_environment(tmp_path):
     assert "not checked: backends[0].scaleway.cluster_id" in result.stdout
     assert "not checked: backends[0].scaleway.secret_key" in result.stdout
     assert run_cli("validate", "--config", str(path)).returncode == 1
+
+
+# ---------------------------------------------------------------------------- the docs' own examples
+
+
+def yaml_blocks(path: Path, after_heading: str) -> list[str]:
+    text = path.read_text().split(after_heading, 1)[1]
+    return [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
+
+
+def test_the_readme_minimal_config_passes_validate_offline():
+    block = yaml_blocks(ROOT / "README.md", "## Configure")[0]
+    result = validate(yaml.safe_load(block), env={}, offline=True)
+    assert result.problems == ()
+    assert [p.key for p in result.unchecked] == ["backends[0].scaleway.secret_key_env"]
+    assert validate(yaml.safe_load(block), env={"SCW_SECRET_KEY": SECRET}).config is not None
+
+
+def test_the_operations_guide_example_validates():
+    block = yaml_blocks(ROOT / "docs" / "operations.md", "## Server configuration reference")[0]
+    parsed = parse(yaml.safe_load(block), env={"SCW_PAR_KEY": SECRET, "SCW_AMS_KEY": SECRET})
+    assert [b.name for b in parsed.backends] == ["scw-par", "scw-ams"]
