@@ -76,9 +76,13 @@ def not_checked(text: str, fix: str, *, key: str | None = None) -> PydanticCusto
     return PydanticCustomError("not_checked", "{problem}", {"problem": text, "fix": fix, "key": key or ""})
 
 
-def rule_error(key: str, text: str, fix: str) -> InitErrorDetails:
-    """A mistake found by a rule over several keys of one mapping (``ConfigModel.cross_rules``)."""
-    return InitErrorDetails(type=problem(text, fix), loc=(key,), input=None)
+def rule_error(key: str | tuple[str, ...], text: str, fix: str, *, checked: bool = True) -> InitErrorDetails:
+    """A finding of a rule over several keys of one mapping (``ConfigModel.cross_rules``), at ``key``.
+
+    ``checked=False`` marks something ``validate --offline`` could not check rather than a mistake.
+    """
+    kind = problem(text, fix) if checked else not_checked(text, fix)
+    return InitErrorDetails(type=kind, loc=(key,) if isinstance(key, str) else key, input=None)
 
 
 _CUSTOM_TYPES = ("config", "not_checked")
@@ -103,9 +107,6 @@ class ConfigModel(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, coerce_numbers_to_str=True)
-
-    #: keys accepted in the file that are not fields (consumed before validation, e.g. ``secret_key_env``)
-    EXTRA_KEYS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
@@ -295,10 +296,6 @@ class CloudSettings(ConfigModel):
         return tuple(value for value in (getattr(self, name) for name in self.SECRET_FIELDS) if value)
 
     @classmethod
-    def accepted_keys(cls) -> tuple[str, ...]:
-        return (*cls.model_fields, *(f"{name}_env" for name in cls.SECRET_FIELDS))
-
-    @classmethod
     def merge_environment(
         cls, raw: Mapping[str, Any], env: Mapping[str, str], env_applies: bool, offline: bool
     ) -> tuple[dict[str, Any], dict[str, str]]:
@@ -396,7 +393,6 @@ def _accepted_keys(model: type[BaseModel] | None) -> str:
     if model is None:
         return "the keys in the configuration reference"
     keys = [f.alias or name for name, f in model.model_fields.items()]
-    keys += list(getattr(model, "EXTRA_KEYS", ()))
     if issubclass(model, CloudSettings):
         keys += [f"{name}_env" for name in model.SECRET_FIELDS]
     return ", ".join(sorted(keys))

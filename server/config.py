@@ -33,6 +33,7 @@ from providers.config_values import (
     not_checked,
     one_of,
     problem,
+    rule_error,
     whole_number,
 )
 from providers.model import NodeTemplate, Taint
@@ -259,7 +260,7 @@ class BackendConfig(ConfigModel):
         for other in CLOUD_TYPES:
             if other != kind and other in raw and kind in CLOUD_TYPES:
                 errors.append(
-                    _rule(other, f"a {other} mapping in a {kind} backend", f"remove it, or set type: {other}")
+                    rule_error(other, f"a {other} mapping in a {kind} backend", f"remove it, or set type: {other}")
                 )
         sync = raw.get("sync")
         if kind in CLOUD_TYPES and isinstance(sync, Mapping):
@@ -270,7 +271,7 @@ class BackendConfig(ConfigModel):
             effective = interval if interval is not None else cloud_type(kind).default_sync_interval
             if staleness is not None and staleness < effective:
                 errors.append(
-                    _rule(
+                    rule_error(
                         ("sync", "max_staleness"),
                         "the staleness bound is shorter than the sync interval",
                         "make max_staleness several times the interval, e.g. 10m",
@@ -317,11 +318,15 @@ class ServerConfig(ConfigModel):
         errors = _exposure_rules(raw)
         backends = raw.get("backends")
         if backends in (None, [], ()):
-            errors.append(_rule("backends", "no backend is configured", "add at least one entry with type: scaleway"))
+            errors.append(
+                rule_error("backends", "no backend is configured", "add at least one entry with type: scaleway")
+            )
         elif isinstance(backends, list):
             names = [b.get("name") or b.get("type") for b in backends if isinstance(b, Mapping)]
             for name in sorted({n for n in names if n and names.count(n) > 1}):
-                errors.append(_rule("backends", f"two backends are named {name!r}", "give every backend a unique name"))
+                errors.append(
+                    rule_error("backends", f"two backends are named {name!r}", "give every backend a unique name")
+                )
         return errors
 
     @property
@@ -331,10 +336,6 @@ class ServerConfig(ConfigModel):
     @property
     def log_level(self) -> str:
         return str(self.log.level)
-
-
-def _rule(key: str | tuple[str, ...], text: str, fix: str) -> InitErrorDetails:
-    return InitErrorDetails(type=problem(text, fix), loc=(key,) if isinstance(key, str) else key, input=None)
 
 
 def _exposure_rules(raw: Mapping[str, Any]) -> list[InitErrorDetails]:
@@ -350,7 +351,7 @@ def _exposure_rules(raw: Mapping[str, Any]) -> list[InitErrorDetails]:
         if raw.get("allow_plaintext_non_loopback") is True:
             return []
         return [
-            _rule(
+            rule_error(
                 "listen",
                 f"plaintext gRPC on non-loopback address {host} would expose the cloud API credentials' power "
                 "to the network",
@@ -360,7 +361,7 @@ def _exposure_rules(raw: Mapping[str, Any]) -> list[InitErrorDetails]:
     if not isinstance(tls, Mapping) or tls.get("client_ca") or tls.get("allow_unauthenticated_clients") is True:
         return []
     return [
-        _rule(
+        rule_error(
             ("tls", "client_ca"),
             f"TLS on non-loopback address {host} without client certificates lets any client that reaches "
             "the port resize node groups",

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails
 
 from providers.bizfly.regions import normalize_region
 from providers.config_values import (
@@ -43,6 +43,7 @@ from providers.config_values import (
     not_checked,
     one_of,
     problem,
+    rule_error,
     validate_cloud_settings,
 )
 
@@ -119,12 +120,6 @@ def infer_auth_method(raw: Mapping[str, Any]) -> str:
     return ""
 
 
-def _error(kind: str, key: str, text: str, fix: str) -> InitErrorDetails:
-    return InitErrorDetails(
-        type=PydanticCustomError(kind, "{problem}", {"problem": text, "fix": fix, "key": ""}), loc=(key,), input=None
-    )
-
-
 class BizflyConfig(CloudSettings):
     ENV_OVERRIDES: ClassVar[Mapping[str, str]] = {
         "auth_method": "BIZFLYCLOUD_AUTH_METHOD",
@@ -160,15 +155,14 @@ class BizflyConfig(CloudSettings):
             both = _given(raw, "email") or _given(raw, "password")
             fix = "set auth_method (or BIZFLYCLOUD_AUTH_METHOD) to password or application_credential"
             if offline and not both:
-                return [_error("not_checked", "auth_method", "no credentials in the file; read at run time", fix)]
+                return [rule_error("auth_method", "no credentials in the file; read at run time", fix, checked=False)]
             text = "cannot tell which login to use" + (" (both kinds of credentials are set)" if both else "")
-            return [_error("config", "auth_method", text, fix)]
+            return [rule_error("auth_method", text, fix)]
         errors = []
         for key, fix in _REQUIRED.get(method, {}).items():
             if not _given(raw, key):
-                kind = "not_checked" if offline else "config"
-                text = f"{key} is required by auth method {method}"
-                errors.append(_error(kind, key, text + (" (expected from the environment)" if offline else ""), fix))
+                text = f"{key} is required by auth method {method}" + (" (expected from the environment)" * offline)
+                errors.append(rule_error(key, text, fix, checked=not offline))
         return errors
 
     @model_validator(mode="after")
