@@ -331,10 +331,12 @@ class ServerProcess(ChildProcess):
         credentials: grpc.ChannelCredentials | None = None,
         name: str = "ours",
         start_timeout: float = START_TIMEOUT_SECONDS,
+        listen: str = ANY_LOOPBACK_PORT,
     ) -> None:
         # The config and the ready file live in workdir (a fresh temporary directory by default).
+        # ``listen`` stays port 0; only tests of the off-loopback rules pick another host.
         workdir = workdir or Path(tempfile.mkdtemp(prefix="ca-externalgrpc-"))
-        config = {**raw_config, "listen": ANY_LOOPBACK_PORT, "http_listen": ANY_LOOPBACK_PORT}
+        config = {**raw_config, "listen": listen, "http_listen": ANY_LOOPBACK_PORT}
         self.config_path = write_config(workdir / f"{name}.yaml", config)
         self.ready_path = workdir / f"{name}.ready.json"
         self.credentials = credentials

@@ -88,7 +88,7 @@ class CloudType:
     """How the server's config loader plugs in one cloud package (``providers/<name>/__init__.py``)."""
 
     name: str
-    # parse_config(key_prefix, raw_mapping, env, env_applies) -> the cloud's validated config object
-    parse_config: Callable[[str, Mapping[str, Any], Mapping[str, str], bool], Any]
+    # the schema of the cloud's config mapping (a providers.config_values.CloudSettings model)
+    config_model: type[Any]
     build_adapter: Callable[[Any], CloudAdapter]
     default_sync_interval: float

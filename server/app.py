@@ -22,6 +22,7 @@ from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
 from server.decoding import DecodingInterceptor
+from server.group_overrides import UnmatchedOverrideCheck
 from server.service import SERVICE_NAME, CloudProviderService
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,10 @@ def build_backends(config: ServerConfig) -> list[Backend]:
     for bc in config.backends:
         adapter = cloud_type(bc.type).build_adapter(bc.cloud)
         overrides = {gid: g.template for gid, g in bc.groups.items() if g.template is not None}
-        backends.append(Backend(bc.name, adapter, bc.sync, template_overrides=overrides))
+        backend = Backend(bc.name, adapter, bc.sync, template_overrides=overrides)
+        if bc.groups:
+            backend.listeners.append(UnmatchedOverrideCheck(bc.groups))
+        backends.append(backend)
     return backends
 
 
@@ -94,7 +98,7 @@ def _read_pem(key: str, path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as err:
-        raise ConfigError(
+        raise ConfigError.single(
             key, f"cannot read {path}: {err.strerror or err}", "make the file readable by the server"
         ) from None
 

@@ -88,32 +88,42 @@ def write_ready_file(path: Path, running: RunningServer) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from server import config
     from server.cloud_config import check_cloud_config
+    from server.config import validate_file
 
-    ok = True
-    if args.config:
-        try:
-            cfg = config.load(args.config)
-        except ConfigError as err:
-            print(f"{args.config}: INVALID: {err}")
-            ok = False
-        else:
-            names = ", ".join(f"{b.name} ({b.type}, {len(b.groups)} group override(s))" for b in cfg.backends)
-            host, port = cfg.listen
-            mode = "mTLS" if cfg.tls and cfg.tls.client_ca else "TLS" if cfg.tls else "plaintext"
-            print(f"{args.config}: OK: listen {host}:{port} ({mode}); backends: {names}")
-    if args.cloud_config:
-        problems = check_cloud_config(Path(args.cloud_config))
-        if problems:
-            ok = False
-            for problem in problems:
-                print(f"{args.cloud_config}: INVALID: {problem}")
-        else:
-            print(f"{args.cloud_config}: OK: a valid CA externalgrpc cloud-config")
     if not args.config and not args.cloud_config:
         print("error: pass --config and/or --cloud-config", file=sys.stderr)
         return 2
+    ok = True
+    offline = " (offline: shape only)" if args.offline else ""
+    if args.config:
+        result = validate_file(args.config, offline=args.offline)
+        if result.problems:
+            ok = False
+            count = len(result.problems)
+            print(f"{args.config}: INVALID: {count} problem{'s' if count > 1 else ''}")
+            for mistake in result.problems:
+                print(f"  - {mistake}")
+        elif result.config is None:
+            print(f"{args.config}: OK{offline}")
+        else:
+            cfg = result.config
+            names = ", ".join(f"{b.name} ({b.type}, {len(b.groups)} group override(s))" for b in cfg.backends)
+            host, port = cfg.listen
+            mode = "mTLS" if cfg.tls and cfg.tls.client_ca else "TLS" if cfg.tls else "plaintext"
+            print(f"{args.config}: OK{offline}: listen {host}:{port} ({mode}); backends: {names}")
+        for unchecked in result.unchecked:
+            print(f"  not checked: {unchecked}")
+    if args.cloud_config:
+        check = check_cloud_config(Path(args.cloud_config), offline=args.offline)
+        if check.problems:
+            ok = False
+            for problem in check.problems:
+                print(f"{args.cloud_config}: INVALID: {problem}")
+        else:
+            print(f"{args.cloud_config}: OK{offline}: a valid CA externalgrpc cloud-config")
+        for left_out in check.unchecked:
+            print(f"  not checked: {left_out}")
     return 0 if ok else 1
 
 
@@ -164,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--config", help="server YAML config file")
     validate.add_argument("--cloud-config", help="the CA's externalgrpc --cloud-config file")
+    validate.add_argument(
+        "--offline",
+        action="store_true",
+        help="check the shape only: read no secret from the environment and no file the configs name; "
+        "list what was left unchecked",
+    )
     validate.set_defaults(func=cmd_validate)
 
     status = sub.add_parser(

@@ -1,372 +1,478 @@
-"""Load and validate the server's YAML configuration; every error names the key and the fix."""
+"""The server's YAML configuration as one typed schema: every mistake reported at once, each with its fix.
+
+The models below (and each cloud's, in ``providers/<cloud>/config.py``) are the schema; the value types
+and the error reporting they share are in ``providers/config_values.py``. ``validate`` returns every
+problem; ``parse``/``load`` raise them together in one ConfigError.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from providers.backend import SyncSettings
-from providers.config_errors import ConfigError
-from providers.config_values import is_loopback
+from providers.bizfly.config import BizflyConfig
+from providers.config_errors import ConfigError, ConfigProblem
+from providers.config_values import (
+    CloudSettings,
+    ConfigModel,
+    Flag,
+    describe_errors,
+    duration,
+    duration_seconds,
+    is_loopback,
+    not_checked,
+    one_of,
+    problem,
+    rule_error,
+    whole_number,
+)
 from providers.model import NodeTemplate, Taint
+from providers.scaleway.config import ScalewayConfig
 from server.compat import OptionsOverride
 from server.node_encoding import is_valid_quantity
+from server.pem_files import ca_bundle_problem, key_pair_problem, unreadable
 
 __all__ = [
-    "ConfigError",
-    "ServerConfig",
+    "CLOUD_TYPES",
     "BackendConfig",
+    "ConfigError",
     "GroupConfig",
+    "ServerConfig",
     "TLSConfig",
+    "Validation",
     "load",
     "parse",
-    "parse_duration",
     "parse_address",
+    "validate",
+    "validate_file",
 ]
 
 log = logging.getLogger(__name__)
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+CLOUD_MODELS: Mapping[str, type[CloudSettings]] = {"scaleway": ScalewayConfig, "bizfly": BizflyConfig}
+CLOUD_TYPES = tuple(CLOUD_MODELS)
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_ADDRESS = re.compile(r"^\[(?P<v6>[^\]]+)\]:(?P<p6>\d+)$|^(?P<host>[^:\[\]]*):(?P<port>\d+)$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-CLOUD_TYPES = ("scaleway", "bizfly")
 
 
-def parse_duration(key: str, value: Any) -> float:
-    """'90s', '10m', '1.5h', '250ms' or a number of seconds."""
-    if isinstance(value, bool):
-        raise ConfigError(key, f"{value!r} is not a duration", "write e.g. 30s, 10m or 1h")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value).strip())
-        if not match:
-            raise ConfigError(key, f"{value!r} is not a duration", "write e.g. 30s, 10m or 1h")
-        seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds < 0:
-        raise ConfigError(key, "a duration cannot be negative", "use a positive value such as 30s")
-    return seconds
+# ---------------------------------------------------------------------------- values
 
 
-def parse_address(key: str, value: Any) -> tuple[str, int]:
-    """'host:port' or '[v6]:port' -> (host, port)."""
-    text = str(value or "")
-    match = re.match(r"^\[(?P<v6>[^\]]+)\]:(?P<p6>\d+)$|^(?P<host>[^:\[\]]*):(?P<port>\d+)$", text)
+def _address(value: Any) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); an empty host means every IPv4 address."""
+    text = value if isinstance(value, str) else ""
+    match = _ADDRESS.match(text.strip())
     if not match:
-        raise ConfigError(key, f"{text!r} is not host:port", "write e.g. 127.0.0.1:8086 or [::1]:8086")
+        raise problem(f"{value!r} is not host:port", "write e.g. 127.0.0.1:8086 or [::1]:8086")
     host = match.group("v6") or match.group("host") or "0.0.0.0"
     port = int(match.group("p6") or match.group("port"))
-    if not 0 <= port <= 65535:
-        raise ConfigError(key, f"port {port} is out of range", "use a port between 1 and 65535")
+    if port > 65535:
+        raise problem(f"port {port} is out of range", "use a port from 1 to 65535 (0 picks a free one)")
     return host, port
 
 
-@dataclass(frozen=True)
-class TLSConfig:
-    cert: Path
-    key: Path
-    client_ca: Path | None = None  # set => clients must present a certificate signed by it
+def _optional_address(value: Any) -> tuple[str, int] | None:
+    return None if value in (None, "", False) else _address(value)
 
 
-@dataclass(frozen=True)
-class GroupConfig:
-    options: OptionsOverride | None = None
-    template: Callable[[NodeTemplate | None], NodeTemplate | None] | None = None
+def parse_address(key: str, value: Any) -> tuple[str, int]:
+    """One address outside the schema (tests compare the CA's cloud-config with the server's listen)."""
+    try:
+        return _address(value)
+    except PydanticCustomError as err:
+        ctx = err.context or {}
+        raise ConfigError.single(key, str(ctx["problem"]), str(ctx["fix"])) from None
 
 
-@dataclass(frozen=True)
-class BackendConfig:
-    name: str
-    type: str
-    cloud: Any  # the cloud package's own validated config object
-    sync: SyncSettings
-    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    listen: tuple[str, int] = ("127.0.0.1", 8086)
-    http_listen: tuple[str, int] | None = ("127.0.0.1", 8087)
-    allow_plaintext_non_loopback: bool = False
-    tls: TLSConfig | None = None
-    shutdown_grace: float = 15.0
-    log_format: str = "json"
-    log_level: str = "info"
-    max_workers: int = 16
-    backends: tuple[BackendConfig, ...] = ()
-
-
-def _mapping(key: str, value: Any) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(key, f"expected a mapping, got {type(value).__name__}", "write it as key: value pairs")
-    return value
-
-
-def _reject_unknown(key: str, raw: Mapping[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ConfigError(
-            f"{key}.{unknown[0]}" if key else unknown[0],
-            "unknown key",
-            f"remove it or use one of: {', '.join(sorted(allowed))}",
-        )
-
-
-def _file(key: str, value: Any, base: Path) -> Path:
-    path = Path(str(value))
-    if not path.is_absolute():
-        path = base / path
-    if not path.is_file():
-        raise ConfigError(key, f"file {path} does not exist or is not readable", "mount the file or fix the path")
-    return path
-
-
-def _tls(raw: Mapping[str, Any], base: Path) -> TLSConfig | None:
-    if not raw:
-        return None
-    _reject_unknown("tls", raw, {"cert", "key", "client_ca"})
-    if not raw.get("cert") or not raw.get("key"):
-        missing = "tls.cert" if not raw.get("cert") else "tls.key"
-        raise ConfigError(
-            missing,
+def _pem_file(value: Any, info: ValidationInfo) -> Path:
+    if value in (None, ""):
+        raise problem(
             "TLS needs both a certificate and its key",
             "set tls.cert and tls.key (PEM files), or remove the tls section for plaintext",
         )
-    ca = _file("tls.client_ca", raw["client_ca"], base) if raw.get("client_ca") else None
-    return TLSConfig(_file("tls.cert", raw["cert"], base), _file("tls.key", raw["key"], base), ca)
+    if not isinstance(value, str):
+        raise problem("expected the path of a PEM file", "write a path, absolute or relative to the config file")
+    context = info.context or {}
+    path = Path(value.strip())
+    if not path.is_absolute():
+        path = Path(context.get("base") or Path.cwd()) / path
+    if context.get("offline"):
+        raise not_checked(f"file {path} not read (offline)", "run validate without --offline where it is mounted")
+    reason = unreadable(path)
+    if reason:
+        raise problem(reason, "mount the file or fix the path")
+    return path
 
 
-_OPTION_KEYS: dict[str, str] = {
-    "scale_down_utilization_threshold": "ratio",
-    "scale_down_gpu_utilization_threshold": "ratio",
-    "scale_down_unneeded_time": "duration",
-    "scale_down_unready_time": "duration",
-    "max_node_provision_time": "duration",
-    "zero_or_max_node_scaling": "bool",
-    "ignore_daemonsets_utilization": "bool",
-}
+def _quantity(value: Any) -> str:
+    text = str(value) if isinstance(value, str | int | float) and not isinstance(value, bool) else ""
+    if not is_valid_quantity(text):
+        raise problem(f"{value!r} is not a Kubernetes quantity", 'write e.g. "4", "1500m", "16Gi" or "110"')
+    return text
 
 
-def _options(key: str, raw: Mapping[str, Any]) -> OptionsOverride:
-    _reject_unknown(key, raw, set(_OPTION_KEYS))
-    values: dict[str, Any] = {}
-    for name, value in raw.items():
-        kind = _OPTION_KEYS[name]
-        k = f"{key}.{name}"
-        if kind == "duration":
-            values[name] = parse_duration(k, value)
-        elif kind == "bool":
-            if not isinstance(value, bool):
-                raise ConfigError(k, f"{value!r} is not true/false", "write true or false")
-            values[name] = value
-        else:
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-                raise ConfigError(k, f"{value!r} is not a ratio", "use a number between 0 and 1, e.g. 0.5")
-            values[name] = float(value)
-    return OptionsOverride(**values)
+def _ratio(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise problem(f"{value!r} is not a ratio", "use a number from 0 to 1, e.g. 0.5")
+    return float(value)
 
 
-def _quantities(key: str, raw: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name, value in _mapping(key, raw).items():
-        text = str(value)
-        if not is_valid_quantity(text):
-            raise ConfigError(
-                f"{key}.{name}",
-                f"{text!r} is not a Kubernetes quantity",
-                'write e.g. "4", "1500m", "16Gi" or "110"',
-            )
-        out[str(name)] = text
-    return out
+PemFile = Annotated[Path, BeforeValidator(_pem_file)]
+Address = Annotated[tuple[str, int], BeforeValidator(_address)]
+Quantity = Annotated[str, BeforeValidator(_quantity)]
+Ratio = Annotated[float, BeforeValidator(_ratio)]
+GroupDuration = duration(0, 7 * 24 * 3600)
 
 
-def _taints(key: str, raw: Any) -> tuple[Taint, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError(
-            key, "expected a list of {key, value, effect}", "write - {key: k, value: v, effect: NoSchedule}"
-        )
-    taints = []
-    for i, item in enumerate(raw):
-        item = _mapping(f"{key}[{i}]", item)
-        effect = str(item.get("effect", ""))
-        if not item.get("key") or effect not in _EFFECTS:
-            raise ConfigError(
-                f"{key}[{i}]",
-                "a taint needs a key and an effect",
-                f"set key and effect (one of {', '.join(_EFFECTS)})",
-            )
-        taints.append(Taint(str(item["key"]), str(item.get("value", "")), effect))
-    return tuple(taints)
+# ---------------------------------------------------------------------------- server keys
 
 
-def _template(key: str, raw: Mapping[str, Any]) -> Callable[[NodeTemplate | None], NodeTemplate | None]:
-    """Explicit template values win over what the cloud describes (labels/quantities merged)."""
-    _reject_unknown(key, raw, {"labels", "taints", "capacity", "allocatable"})
-    labels = {str(k): str(v) for k, v in _mapping(f"{key}.labels", raw.get("labels")).items()}
-    capacity = _quantities(f"{key}.capacity", raw.get("capacity"))
-    allocatable = _quantities(f"{key}.allocatable", raw.get("allocatable"))
-    taints = _taints(f"{key}.taints", raw["taints"]) if "taints" in raw else None
+class TLSConfig(ConfigModel):
+    cert: PemFile = Field(None, validate_default=True)
+    key: PemFile = Field(None, validate_default=True)
+    client_ca: PemFile | None = None  # set => clients must present a certificate signed by it
+    allow_unauthenticated_clients: Flag = False
 
-    def apply(base: NodeTemplate | None) -> NodeTemplate | None:
-        if base is None and not (capacity or allocatable):
+    @field_validator("key")
+    @classmethod
+    def _key_matches_the_certificate(cls, key: Path, info: ValidationInfo) -> Path:
+        cert = info.data.get("cert")
+        reason = key_pair_problem(cert, key) if cert is not None else None
+        if reason:
+            raise problem(reason, "give the certificate and the key it was issued for, both PEM")
+        return key
+
+    @field_validator("client_ca")
+    @classmethod
+    def _client_ca_holds_a_certificate(cls, path: Path | None) -> Path | None:
+        reason = ca_bundle_problem(path) if path is not None else None
+        if reason:
+            raise problem(reason, "give the PEM bundle of the CA that signs the clients' certificates")
+        return path
+
+
+class LogConfig(ConfigModel):
+    format: one_of(("json", "text"), "log format") = "json"  # type: ignore[valid-type]
+    level: one_of(("debug", "info", "warning", "error"), "log level", normalise=str.lower) = "info"  # type: ignore[valid-type]
+
+
+# ---------------------------------------------------------------------------- per node group
+
+
+class GroupOptions(ConfigModel):
+    """NodeGroupGetOptions values for one group; keys left out keep the CA's own defaults."""
+
+    scale_down_utilization_threshold: Ratio | None = None
+    scale_down_gpu_utilization_threshold: Ratio | None = None
+    scale_down_unneeded_time: GroupDuration | None = None  # type: ignore[valid-type]
+    scale_down_unready_time: GroupDuration | None = None  # type: ignore[valid-type]
+    max_node_provision_time: GroupDuration | None = None  # type: ignore[valid-type]
+    zero_or_max_node_scaling: Flag | None = None
+    ignore_daemonsets_utilization: Flag | None = None
+
+
+class TaintConfig(ConfigModel):
+    key: str
+    value: str = ""
+    effect: one_of(_EFFECTS, "taint effect") = "NoSchedule"  # type: ignore[valid-type]
+
+
+class TemplateOverride(ConfigModel):
+    """Explicit template values; they win over what the cloud describes (labels and quantities merged)."""
+
+    labels: dict[str, str] = {}
+    taints: tuple[TaintConfig, ...] | None = None
+    capacity: dict[str, Quantity] = {}
+    allocatable: dict[str, Quantity] = {}
+
+    def __call__(self, base: NodeTemplate | None) -> NodeTemplate | None:
+        if base is None and not (self.capacity or self.allocatable):
             return None  # labels alone do not describe a machine
         base = base or NodeTemplate({}, (), {}, {})
+        taints = base.taints if self.taints is None else tuple(Taint(t.key, t.value, t.effect) for t in self.taints)
         return NodeTemplate(
-            labels={**base.labels, **labels},
-            taints=base.taints if taints is None else taints,
-            capacity={**base.capacity, **capacity},
-            allocatable={**base.allocatable, **(allocatable or ({} if base.allocatable else capacity))},
+            labels={**base.labels, **self.labels},
+            taints=taints,
+            capacity={**base.capacity, **self.capacity},
+            allocatable={**base.allocatable, **(self.allocatable or ({} if base.allocatable else self.capacity))},
         )
 
-    return apply
+
+class GroupConfig(ConfigModel):
+    group_options: GroupOptions | None = Field(None, alias="options")
+    template: TemplateOverride | None = None
+
+    @property
+    def options(self) -> OptionsOverride | None:
+        if self.group_options is None:
+            return None
+        return OptionsOverride(**self.group_options.model_dump())
 
 
-def _sync(key: str, raw: Mapping[str, Any], default_interval: float) -> SyncSettings:
-    _reject_unknown(key, raw, {"interval", "max_staleness", "min_interval"})
-    interval = parse_duration(f"{key}.interval", raw["interval"]) if "interval" in raw else None
-    min_interval = parse_duration(f"{key}.min_interval", raw.get("min_interval", "5s"))
-    max_staleness = parse_duration(f"{key}.max_staleness", raw.get("max_staleness", "10m"))
-    if interval is not None and interval < 1:
-        raise ConfigError(f"{key}.interval", "a sync interval under 1s would hammer the cloud API", "use 10s or more")
-    if max_staleness < (interval or default_interval):
-        raise ConfigError(
-            f"{key}.max_staleness",
-            "the staleness bound is shorter than the sync interval",
-            "make max_staleness several times the interval, e.g. 10m",
+# ---------------------------------------------------------------------------- backends
+
+
+class SyncConfig(ConfigModel):
+    interval: duration(1, 24 * 3600) | None = None  # type: ignore[valid-type]
+    min_interval: duration(0, 3600) = 5.0  # type: ignore[valid-type]
+    max_staleness: duration(1, 7 * 24 * 3600) = 600.0  # type: ignore[valid-type]
+
+
+def _seconds_or_none(value: Any) -> float | None:
+    """A raw duration for a rule over several keys; None when it is bad (its own key reports that)."""
+    try:
+        return duration_seconds(value)
+    except PydanticCustomError:
+        return None
+
+
+class BackendConfig(ConfigModel):
+    type: one_of(CLOUD_TYPES, "backend type") = Field("", validate_default=True)  # type: ignore[valid-type]
+    name: str = Field("", validate_default=True)
+    scaleway: ScalewayConfig | None = None
+    bizfly: BizflyConfig | None = None
+    sync_config: SyncConfig = Field(SyncConfig(), alias="sync")
+    node_groups: dict[str, GroupConfig] = {}
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name_defaults_to_the_type(cls, value: Any, info: ValidationInfo) -> str:
+        name = value if value not in (None, "") else info.data.get("type", "")
+        if name and (not isinstance(name, str) or not _NAME.match(name)):
+            raise problem(f"{name!r} is not a valid name", "use lower-case letters, digits and '-'")
+        return str(name)
+
+    @classmethod
+    def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        kind = raw.get("type")
+        errors = []
+        for other in CLOUD_TYPES:
+            if other != kind and other in raw and kind in CLOUD_TYPES:
+                errors.append(
+                    rule_error(other, f"a {other} mapping in a {kind} backend", f"remove it, or set type: {other}")
+                )
+        sync = raw.get("sync")
+        if kind in CLOUD_TYPES and isinstance(sync, Mapping):
+            from server.clouds import cloud_type  # late: keeps this module importable without every cloud
+
+            interval = _seconds_or_none(sync["interval"]) if "interval" in sync else None
+            staleness = _seconds_or_none(sync.get("max_staleness", "10m"))
+            effective = interval if interval is not None else cloud_type(kind).default_sync_interval
+            if staleness is not None and staleness < effective:
+                errors.append(
+                    rule_error(
+                        ("sync", "max_staleness"),
+                        "the staleness bound is shorter than the sync interval",
+                        "make max_staleness several times the interval, e.g. 10m",
+                    )
+                )
+        return errors
+
+    @property
+    def cloud(self) -> Any:
+        """The cloud's own validated settings (ScalewayConfig, BizflyConfig)."""
+        return getattr(self, self.type)
+
+    @property
+    def sync(self) -> SyncSettings:
+        from server.clouds import cloud_type
+
+        return SyncSettings(
+            interval=self.sync_config.interval,
+            default_interval=cloud_type(self.type).default_sync_interval,
+            min_interval=self.sync_config.min_interval,
+            max_staleness=self.sync_config.max_staleness,
         )
-    return SyncSettings(
-        interval=interval,
-        default_interval=default_interval,
-        min_interval=min_interval,
-        max_staleness=max_staleness,
-    )
+
+    @property
+    def groups(self) -> Mapping[str, GroupConfig]:
+        return self.node_groups
 
 
-def _backend(index: int, raw: Any, env: Mapping[str, str], counts: Mapping[str, int]) -> BackendConfig:
-    from server.clouds import cloud_type  # late: the cloud packages import the domain only
+# ---------------------------------------------------------------------------- the file
 
-    key = f"backends[{index}]"
-    raw = _mapping(key, raw)
-    kind = str(raw.get("type", ""))
-    if kind not in CLOUD_TYPES:
-        raise ConfigError(f"{key}.type", f"unknown backend type {kind!r}", f"use one of: {', '.join(CLOUD_TYPES)}")
-    name = str(raw.get("name", kind))
-    if not _NAME.match(name):
-        raise ConfigError(f"{key}.name", f"{name!r} is not a valid name", "use lower-case letters, digits and '-'")
-    _reject_unknown(key, raw, {"name", "type", kind, "sync", "node_groups"})
-    cloud = cloud_type(kind)
-    cloud_config = cloud.parse_config(f"{key}.{kind}", _mapping(f"{key}.{kind}", raw.get(kind)), env, counts[kind] == 1)
-    sync = _sync(f"{key}.sync", _mapping(f"{key}.sync", raw.get("sync")), cloud.default_sync_interval)
-    groups: dict[str, GroupConfig] = {}
-    for gid, graw in _mapping(f"{key}.node_groups", raw.get("node_groups")).items():
-        gkey = f"{key}.node_groups.{gid}"
-        graw = _mapping(gkey, graw)
-        _reject_unknown(gkey, graw, {"options", "template"})
-        options = (
-            _options(f"{gkey}.options", _mapping(f"{gkey}.options", graw["options"])) if "options" in graw else None
+
+class ServerConfig(ConfigModel):
+    listen: Address = ("127.0.0.1", 8086)
+    http_listen: Annotated[tuple[str, int] | None, BeforeValidator(_optional_address)] = ("127.0.0.1", 8087)
+    allow_plaintext_non_loopback: Flag = False
+    tls: Annotated[TLSConfig | None, BeforeValidator(lambda value: value or None)] = None  # tls: {} = no TLS
+    shutdown_grace: duration(0, 3600) = 15.0  # type: ignore[valid-type]
+    log: LogConfig = LogConfig()
+    max_workers: whole_number(1, 256, 16) = 16  # type: ignore[valid-type]
+    backends: tuple[BackendConfig, ...] = ()
+
+    @classmethod
+    def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        errors = _exposure_rules(raw)
+        backends = raw.get("backends")
+        if backends in (None, [], ()):
+            errors.append(
+                rule_error("backends", "no backend is configured", "add at least one entry with type: scaleway")
+            )
+        elif isinstance(backends, list):
+            names = [b.get("name") or b.get("type") for b in backends if isinstance(b, Mapping)]
+            for name in sorted({n for n in names if n and names.count(n) > 1}):
+                errors.append(
+                    rule_error("backends", f"two backends are named {name!r}", "give every backend a unique name")
+                )
+        return errors
+
+    @property
+    def log_format(self) -> str:
+        return str(self.log.format)
+
+    @property
+    def log_level(self) -> str:
+        return str(self.log.level)
+
+
+def _exposure_rules(raw: Mapping[str, Any]) -> list[InitErrorDetails]:
+    """Off loopback, gRPC needs TLS, and TLS needs client certificates, unless a flag says otherwise."""
+    try:
+        host = _address(raw.get("listen", "127.0.0.1:8086"))[0]
+    except PydanticCustomError:
+        return []  # the listen key reports its own mistake
+    if is_loopback(host):
+        return []
+    tls = raw.get("tls")
+    if not tls:
+        if raw.get("allow_plaintext_non_loopback") is True:
+            return []
+        return [
+            rule_error(
+                "listen",
+                f"plaintext gRPC on non-loopback address {host} would expose the cloud API credentials' power "
+                "to the network",
+                "configure tls (cert, key, client_ca) or set allow_plaintext_non_loopback: true",
+            )
+        ]
+    if not isinstance(tls, Mapping) or tls.get("client_ca") or tls.get("allow_unauthenticated_clients") is True:
+        return []
+    return [
+        rule_error(
+            ("tls", "client_ca"),
+            f"TLS on non-loopback address {host} without client certificates lets any client that reaches "
+            "the port resize node groups",
+            "set tls.client_ca to the CA bundle that signs the clients' certificates (mTLS), or set "
+            "tls.allow_unauthenticated_clients: true if something else (a mesh, a network policy) admits clients",
         )
-        template = (
-            _template(f"{gkey}.template", _mapping(f"{gkey}.template", graw["template"]))
-            if "template" in graw
-            else None
-        )
-        groups[str(gid)] = GroupConfig(options, template)
-    return BackendConfig(name, kind, cloud_config, sync, groups)
+    ]
 
 
-def parse(raw: Any, env: Mapping[str, str] | None = None, base: Path | None = None) -> ServerConfig:
+# ---------------------------------------------------------------------------- entry points
+
+
+@dataclass(frozen=True)
+class Validation:
+    """What ``validate`` found: the config (None when anything is wrong or unchecked) and why."""
+
+    config: ServerConfig | None
+    problems: tuple[ConfigProblem, ...] = ()
+    unchecked: tuple[ConfigProblem, ...] = ()
+
+
+def _with_environment(
+    raw: Mapping[str, Any], env: Mapping[str, str], offline: bool
+) -> tuple[dict[str, Any], dict[tuple[Any, ...], str]]:
+    """Each cloud mapping with the upstream variables applied, and where each overridden value came from."""
+    prepared = dict(raw)
+    sources: dict[tuple[Any, ...], str] = {}
+    backends = raw.get("backends")
+    if not isinstance(backends, list):
+        return prepared, sources
+    kinds = [str(b.get("type")) if isinstance(b, Mapping) else "" for b in backends]
+    prepared_backends: list[Any] = []
+    for index, (backend, kind) in enumerate(zip(backends, kinds, strict=True)):
+        cloud_raw = backend.get(kind) if isinstance(backend, Mapping) and kind in CLOUD_MODELS else None
+        if kind not in CLOUD_MODELS or not isinstance(cloud_raw, Mapping | None):
+            prepared_backends.append(backend)
+            continue
+        merged, from_env = CLOUD_MODELS[kind].merge_environment(cloud_raw or {}, env, kinds.count(kind) == 1, offline)
+        prepared_backends.append({**backend, kind: merged})
+        sources.update({("backends", index, kind, key): variable for key, variable in from_env.items()})
+    prepared["backends"] = prepared_backends
+    return prepared, sources
+
+
+def validate(
+    raw: Any, env: Mapping[str, str] | None = None, base: Path | None = None, *, offline: bool = False
+) -> Validation:
+    """Every problem of a parsed YAML document. ``offline``: needs no secret and reads no named file."""
     env = os.environ if env is None else env
-    base = base or Path.cwd()
-    raw = _mapping("", raw)
-    _reject_unknown(
-        "",
-        raw,
-        {
-            "listen",
-            "http_listen",
-            "allow_plaintext_non_loopback",
-            "tls",
-            "shutdown_grace",
-            "log",
-            "backends",
-            "max_workers",
-        },
-    )
-    listen = parse_address("listen", raw.get("listen", "127.0.0.1:8086"))
-    http_raw = raw.get("http_listen", "127.0.0.1:8087")
-    http_listen = None if http_raw in (None, "", False) else parse_address("http_listen", http_raw)
-    tls = _tls(_mapping("tls", raw.get("tls")), base)
-    allow = raw.get("allow_plaintext_non_loopback", False)
-    if not isinstance(allow, bool):
-        raise ConfigError("allow_plaintext_non_loopback", f"{allow!r} is not true/false", "write true or false")
-    if tls is None and not is_loopback(listen[0]) and allow:
+    if not isinstance(raw, Mapping):
+        found = "an empty file" if raw is None else f"a {type(raw).__name__}"
+        fix = "write key: value pairs, starting from the example in docs/operations.md"
+        return Validation(None, (ConfigProblem("(top level)", f"expected a mapping, found {found}", fix),))
+    prepared, sources = _with_environment(raw, env, offline)
+    context = {"env": env, "offline": offline, "base": base or Path.cwd()}
+    try:
+        config = ServerConfig.model_validate(prepared, context=context)
+    except ValidationError as err:
+        problems, unchecked = describe_errors(err, ServerConfig, sources=sources)
+        return Validation(None, tuple(problems), tuple(unchecked))
+    _warn_about_open_doors(config)
+    return Validation(config)
+
+
+def _warn_about_open_doors(config: ServerConfig) -> None:
+    host = config.listen[0]
+    if is_loopback(host):
+        return
+    if config.tls is None:
         log.warning(
             "plaintext gRPC allowed on non-loopback address %s (allow_plaintext_non_loopback: true): anyone who "
             "can reach it can resize node groups; use it only behind a network policy or a TLS-terminating mesh",
-            listen[0],
+            host,
         )
-    if tls is None and not is_loopback(listen[0]) and not allow:
-        raise ConfigError(
-            "listen",
-            f"plaintext gRPC on non-loopback address {listen[0]} would expose the cloud API "
-            "credentials' power to the network",
-            "configure tls (cert, key, client_ca) or set allow_plaintext_non_loopback: true",
+    elif config.tls.client_ca is None:
+        log.warning(
+            "TLS without client certificates on non-loopback address %s (tls.allow_unauthenticated_clients: "
+            "true): any client that reaches it can resize node groups; admit clients by other means",
+            host,
         )
-    log_raw = _mapping("log", raw.get("log"))
-    _reject_unknown("log", log_raw, {"format", "level"})
-    log_format = str(log_raw.get("format", "json"))
-    if log_format not in ("json", "text"):
-        raise ConfigError("log.format", f"{log_format!r} is not a log format", "use json or text")
-    log_level = str(log_raw.get("level", "info")).lower()
-    if log_level not in ("debug", "info", "warning", "error"):
-        raise ConfigError("log.level", f"{log_level!r} is not a level", "use debug, info, warning or error")
-    max_workers = raw.get("max_workers", 16)
-    if not isinstance(max_workers, int) or isinstance(max_workers, bool) or not 1 <= max_workers <= 256:
-        raise ConfigError("max_workers", f"{max_workers!r} is not a worker count", "use a number from 1 to 256")
-    backends_raw = raw.get("backends")
-    if not isinstance(backends_raw, list) or not backends_raw:
-        raise ConfigError("backends", "no backend is configured", "add at least one entry with type scaleway or bizfly")
-    counts = {
-        kind: sum(1 for b in backends_raw if isinstance(b, Mapping) and b.get("type") == kind) for kind in CLOUD_TYPES
-    }
-    backends = tuple(_backend(i, b, env, counts) for i, b in enumerate(backends_raw))
-    names = [b.name for b in backends]
-    for name in names:
-        if names.count(name) > 1:
-            raise ConfigError("backends", f"two backends are named {name!r}", "give every backend a unique name")
-    return ServerConfig(
-        listen=listen,
-        http_listen=http_listen,
-        allow_plaintext_non_loopback=allow,
-        tls=tls,
-        shutdown_grace=parse_duration("shutdown_grace", raw.get("shutdown_grace", "15s")),
-        log_format=log_format,
-        log_level=log_level,
-        max_workers=max_workers,
-        backends=backends,
-    )
+
+
+def parse(raw: Any, env: Mapping[str, str] | None = None, base: Path | None = None) -> ServerConfig:
+    result = validate(raw, env, base)
+    if result.config is None:
+        raise ConfigError(result.problems or result.unchecked)
+    return result.config
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError.single(
+            "--config", f"cannot read {path}: {err.strerror}", "pass the path of a readable YAML file"
+        ) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError.single("--config", f"{path} is not valid YAML ({err})", "fix the YAML syntax") from None
+
+
+def validate_file(path: str | Path, env: Mapping[str, str] | None = None, *, offline: bool = False) -> Validation:
+    path = Path(path)
+    try:
+        raw = _read_yaml(path)
+    except ConfigError as err:
+        return Validation(None, err.problems)
+    return validate(raw, env, base=path.parent, offline=offline)
 
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> ServerConfig:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(
-            "--config", f"cannot read {path}: {err.strerror}", "pass the path of a readable YAML file"
-        ) from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError("--config", f"{path} is not valid YAML ({err})", "fix the YAML syntax") from None
-    return parse(raw, env, base=path.parent)
+    return parse(_read_yaml(path), env, base=path.parent)

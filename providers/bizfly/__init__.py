@@ -13,7 +13,7 @@ DEFAULT_SYNC_INTERVAL = 30.0
 
 CLOUD_TYPE = CloudType(
     name="bizfly",
-    parse_config=parse_config,
+    config_model=BizflyConfig,
     build_adapter=build_adapter,
     default_sync_interval=DEFAULT_SYNC_INTERVAL,
 )

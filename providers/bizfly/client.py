@@ -67,7 +67,7 @@ class BizflyClient:
         self,
         config: BizflyConfig,
         *,
-        retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, immutable default
+        retry: RetryPolicy | None = None,
         breaker: BreakerSettings = BreakerSettings(),  # noqa: B008 - frozen, immutable default
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -85,6 +85,7 @@ class BizflyClient:
             "sleep": sleep,
             "secrets": config.secrets,
         }
+        retry = retry or RetryPolicy(attempts=config.max_attempts)
         self._retry = retry
         self._token_transport = HttpTransport(
             f"{PROVIDER}-token", base_of(config.token_url), retry=TOKEN_RETRY, **self._transport_args

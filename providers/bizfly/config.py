@@ -1,6 +1,6 @@
-"""The ``bizfly:`` mapping of a backend, validated; the upstream environment variables override it.
+"""The ``bizfly:`` mapping of a backend; the upstream environment variables override it.
 
-Keys (all strings):
+Keys besides the ones every cloud has (``request_timeout``, ``max_attempts``: providers/config_values.py):
 
 ==========================  ====================================================================
 ``auth_method``             ``password`` or ``application_credential`` (inferred when only one kind
@@ -18,10 +18,9 @@ Keys (all strings):
 ``kubernetes_engine_url``   the Kubernetes Engine endpoint; when set, the catalog is not read
 ``tenant_id``               sent as ``X-Tenant-Id`` (empty when unset, as upstream)
 ``cluster_name``            the cluster UID as the API expects it in paths (upstream ``CLUSTER_NAME``)
-``request_timeout``         seconds, cap for one HTTP attempt (default 30)
 ==========================  ====================================================================
 
-When this is the only Bizfly backend (``env_applies``), the upstream variables override the file:
+When this is the only Bizfly backend, the upstream variables override the file:
 ``BIZFLYCLOUD_AUTH_METHOD``, ``BIZFLYCLOUD_EMAIL``, ``BIZFLYCLOUD_PASSWORD``,
 ``BIZFLYCLOUD_APP_CREDENTIAL_ID``, ``BIZFLYCLOUD_APP_CREDENTIAL_SECRET``, ``BIZFLYCLOUD_REGION``,
 ``BIZFLYCLOUD_API_URL``, ``BIZFLYCLOUD_TENANT_ID``, ``CLUSTER_NAME`` (an empty variable counts as unset).
@@ -31,12 +30,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
+from pydantic_core import InitErrorDetails
 
 from providers.bizfly.regions import normalize_region
-from providers.config_errors import ConfigError
-from providers.config_values import api_base_url
+from providers.config_values import (
+    CloudSettings,
+    Secret,
+    api_base_url,
+    not_checked,
+    one_of,
+    problem,
+    rule_error,
+    validate_cloud_settings,
+)
 
 PASSWORD = "password"
 APPLICATION_CREDENTIAL = "application_credential"
@@ -44,144 +53,136 @@ AUTH_METHODS = (PASSWORD, APPLICATION_CREDENTIAL)
 
 DEFAULT_API_URL = "https://manage.bizflycloud.vn"
 DEFAULT_REGION = "HN"
-DEFAULT_REQUEST_TIMEOUT = 30.0
-
-# Config key -> upstream environment variable that overrides it.
-ENV_OVERRIDES: Mapping[str, str] = {
-    "auth_method": "BIZFLYCLOUD_AUTH_METHOD",
-    "email": "BIZFLYCLOUD_EMAIL",
-    "password": "BIZFLYCLOUD_PASSWORD",
-    "app_credential_id": "BIZFLYCLOUD_APP_CREDENTIAL_ID",
-    "app_credential_secret": "BIZFLYCLOUD_APP_CREDENTIAL_SECRET",
-    "region": "BIZFLYCLOUD_REGION",
-    "api_url": "BIZFLYCLOUD_API_URL",
-    "tenant_id": "BIZFLYCLOUD_TENANT_ID",
-    "cluster_name": "CLUSTER_NAME",
-}
-_SECRET_ENV_KEYS = {"password_env": "password", "app_credential_secret_env": "app_credential_secret"}
-_STRING_KEYS = (
-    "auth_method",
-    "email",
-    "password",
-    "app_credential_id",
-    "app_credential_secret",
-    "region",
-    "api_url",
-    "token_url",
-    "kubernetes_engine_url",
-    "tenant_id",
-    "cluster_name",
-)
-ALLOWED_KEYS = frozenset({*_STRING_KEYS, *_SECRET_ENV_KEYS, "request_timeout"})
+_EXAMPLE_URL = "https://manage.bizflycloud.vn"
 # Path segments are joined unescaped by the API client, so the cluster UID must be one plain segment.
 _CLUSTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# What each login needs, and how to give it.
+_REQUIRED = {
+    PASSWORD: {
+        "email": "set email (or BIZFLYCLOUD_EMAIL) to the account's login e-mail",
+        "password": "set password_env (or BIZFLYCLOUD_PASSWORD) to the account password",
+    },
+    APPLICATION_CREDENTIAL: {
+        "app_credential_id": "set app_credential_id (or BIZFLYCLOUD_APP_CREDENTIAL_ID)",
+        "app_credential_secret": "set app_credential_secret_env (or BIZFLYCLOUD_APP_CREDENTIAL_SECRET)",
+    },
+}
+_SECRETS = ("password", "app_credential_secret")
 
 
-@dataclass(frozen=True, slots=True)
-class BizflyConfig:
-    cluster_name: str
-    auth_method: str
-    region: str  # canonical (regions.normalize_region)
-    api_url: str
-    token_url: str
-    kubernetes_engine_url: str | None = None
-    email: str = ""
-    tenant_id: str = ""
-    app_credential_id: str = ""
-    # Secrets: kept out of repr so a config dump or a traceback never shows them.
-    password: str = field(default="", repr=False)
-    app_credential_secret: str = field(default="", repr=False)
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise problem(f"expected a string, got {type(value).__name__}", "quote it")
+    return value.strip()
 
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        return tuple(s for s in (self.password, self.app_credential_secret) if s)
+
+Text = Annotated[str, BeforeValidator(_text)]
+
+
+def _cluster_name(value: Any, info: ValidationInfo) -> str:
+    text = _text(value)
+    fix = "set cluster_name (or CLUSTER_NAME) to the cluster UID from the Bizfly dashboard, e.g. ke1m4ea3j8w6kkvp"
+    if not text:
+        # Upstream then lists every cluster as if it were one and silently manages 0 groups.
+        if (info.context or {}).get("offline"):
+            raise not_checked("not in the file; expected from CLUSTER_NAME at run time", fix)
+        raise problem("the cluster UID is missing", fix)
+    if not _CLUSTER.match(text):
+        raise problem(
+            f"{text!r} is not a cluster UID (it must be one URL path segment)",
+            "use the cluster UID (letters, digits, '-', '_', '.'), not a display name with spaces or slashes",
+        )
+    return text
+
+
+def _region(value: Any) -> str:
+    region = normalize_region(_text(value))
+    if not region:
+        raise problem("the region is empty", "use HN (Ha Noi) or HCM (Ho Chi Minh)")
+    return region
+
+
+def _given(raw: Mapping[str, Any], key: str) -> bool:
+    return raw.get(key) not in (None, "")
+
+
+def infer_auth_method(raw: Mapping[str, Any]) -> str:
+    """The login the mapping asks for: explicit, or the only kind of credential given; "" when unclear."""
+    method = raw.get("auth_method")
+    if isinstance(method, str) and method.strip():
+        return method.strip().lower()
+    has_password = _given(raw, "email") or _given(raw, "password")
+    has_app = _given(raw, "app_credential_id") or _given(raw, "app_credential_secret")
+    if has_password != has_app:
+        return PASSWORD if has_password else APPLICATION_CREDENTIAL
+    return ""
+
+
+class BizflyConfig(CloudSettings):
+    ENV_OVERRIDES: ClassVar[Mapping[str, str]] = {
+        "auth_method": "BIZFLYCLOUD_AUTH_METHOD",
+        "email": "BIZFLYCLOUD_EMAIL",
+        "password": "BIZFLYCLOUD_PASSWORD",
+        "app_credential_id": "BIZFLYCLOUD_APP_CREDENTIAL_ID",
+        "app_credential_secret": "BIZFLYCLOUD_APP_CREDENTIAL_SECRET",
+        "region": "BIZFLYCLOUD_REGION",
+        "api_url": "BIZFLYCLOUD_API_URL",
+        "tenant_id": "BIZFLYCLOUD_TENANT_ID",
+        "cluster_name": "CLUSTER_NAME",
+    }
+    SECRET_FIELDS: ClassVar[tuple[str, ...]] = _SECRETS
+
+    cluster_name: Annotated[str, BeforeValidator(_cluster_name)] = Field("", validate_default=True)
+    # Upstream sends any value to the token endpoint unchecked; refuse it here instead.
+    auth_method: one_of(AUTH_METHODS, "login method", normalise=str.lower, allow_empty=True) = ""  # type: ignore[valid-type]
+    region: Annotated[str, BeforeValidator(_region)] = "HaNoi"
+    api_url: api_base_url(_EXAMPLE_URL) = DEFAULT_API_URL  # type: ignore[valid-type]
+    token_url: api_base_url(_EXAMPLE_URL) = ""  # type: ignore[valid-type]
+    kubernetes_engine_url: api_base_url(f"{_EXAMPLE_URL}/api/kubernetes-engine") | None = None  # type: ignore[valid-type]
+    email: Text = ""
+    tenant_id: Text = ""
+    app_credential_id: Text = ""
+    password: Secret = ""
+    app_credential_secret: Secret = ""
+
+    @classmethod
+    def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        offline = bool(context.get("offline"))
+        method = infer_auth_method(raw)
+        if not method:
+            both = _given(raw, "email") or _given(raw, "password")
+            fix = "set auth_method (or BIZFLYCLOUD_AUTH_METHOD) to password or application_credential"
+            if offline and not both:
+                return [rule_error("auth_method", "no credentials in the file; read at run time", fix, checked=False)]
+            text = "cannot tell which login to use" + (" (both kinds of credentials are set)" if both else "")
+            return [rule_error("auth_method", text, fix)]
+        errors = []
+        for key, fix in _REQUIRED.get(method, {}).items():
+            if not _given(raw, key):
+                text = f"{key} is required by auth method {method}" + (" (expected from the environment)" * offline)
+                errors.append(rule_error(key, text, fix, checked=not offline))
+        return errors
+
+    @model_validator(mode="after")
+    def _settle_the_login(self) -> BizflyConfig:
+        method = self.auth_method or infer_auth_method(self.__dict__)
+        # The other flow's secrets are not kept around; the token URL follows api_url by default.
+        self.__dict__.update(
+            auth_method=method,
+            token_url=self.token_url or default_token_url(self.api_url),
+            password=self.password if method == PASSWORD else "",
+            app_credential_id=self.app_credential_id if method == APPLICATION_CREDENTIAL else "",
+            app_credential_secret=self.app_credential_secret if method == APPLICATION_CREDENTIAL else "",
+        )
+        return self
 
 
 def parse_config(key: str, raw: Mapping[str, Any], env: Mapping[str, str], env_applies: bool) -> BizflyConfig:
-    """Validate one backend's ``bizfly:`` mapping; ``key`` is its path for error messages."""
-    unknown = sorted(set(raw) - ALLOWED_KEYS)
-    if unknown:
-        raise ConfigError(
-            f"{key}.{unknown[0]}", "unknown key", f"remove it or use one of: {', '.join(sorted(ALLOWED_KEYS))}"
-        )
-    values: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    for name in _STRING_KEYS:
-        if name in raw and raw[name] is not None:
-            if not isinstance(raw[name], str | int | float) or isinstance(raw[name], bool):
-                raise ConfigError(f"{key}.{name}", f"expected a string, got {type(raw[name]).__name__}", "quote it")
-            values[name] = str(raw[name]).strip()
-            sources[name] = f"{key}.{name}"
-    for env_key, target in _SECRET_ENV_KEYS.items():
-        if raw.get(env_key):
-            var = str(raw[env_key])
-            if not env.get(var):
-                raise ConfigError(
-                    f"{key}.{env_key}",
-                    f"environment variable {var} is not set or empty",
-                    f"export {var} with the {target.replace('_', ' ')} or remove {env_key}",
-                )
-            values[target] = env[var]
-            sources[target] = f"{key}.{env_key}"
-    if env_applies:
-        for name, var in ENV_OVERRIDES.items():
-            if env.get(var):
-                values[name] = env[var].strip()
-                sources[name] = var
-
-    def where(name: str) -> str:
-        return sources.get(name, f"{key}.{name}")
-
-    method = _auth_method(values, where)
-    if method == PASSWORD:
-        _require(values, "email", where, "set email (or BIZFLYCLOUD_EMAIL) to the account's login e-mail")
-        _require(values, "password", where, "set password_env (or BIZFLYCLOUD_PASSWORD) to the account password")
-    else:
-        _require(values, "app_credential_id", where, "set app_credential_id (or BIZFLYCLOUD_APP_CREDENTIAL_ID)")
-        _require(
-            values,
-            "app_credential_secret",
-            where,
-            "set app_credential_secret_env (or BIZFLYCLOUD_APP_CREDENTIAL_SECRET)",
-        )
-    cluster = values.get("cluster_name", "")
-    if not cluster:
-        # Upstream sends GET <k8s>/_/ (the cluster *list*) and silently manages 0 groups.
-        raise ConfigError(
-            where("cluster_name"),
-            "the cluster UID is missing",
-            "set cluster_name (or CLUSTER_NAME) to the cluster UID from the Bizfly dashboard, e.g. ke1m4ea3j8w6kkvp",
-        )
-    if not _CLUSTER.match(cluster):
-        raise ConfigError(
-            where("cluster_name"),
-            f"{cluster!r} is not a cluster UID (it must be one URL path segment)",
-            "use the cluster UID (letters, digits, '-', '_', '.'), not a display name with spaces or slashes",
-        )
-    region = normalize_region(values.get("region") or DEFAULT_REGION)
-    if not region:
-        raise ConfigError(where("region"), "the region is empty", "use HN (Ha Noi) or HCM (Ho Chi Minh)")
-    example = "https://manage.bizflycloud.vn"
-    api_url = api_base_url(where("api_url"), values.get("api_url") or DEFAULT_API_URL, example)
-    token_url = api_base_url(where("token_url"), values.get("token_url") or default_token_url(api_url), example)
-    k8s_url = values.get("kubernetes_engine_url")
-    if k8s_url:
-        k8s_url = api_base_url(where("kubernetes_engine_url"), k8s_url, f"{example}/api/kubernetes-engine")
-    return BizflyConfig(
-        cluster_name=cluster,
-        auth_method=method,
-        region=region,
-        api_url=api_url,
-        token_url=token_url,
-        kubernetes_engine_url=k8s_url or None,
-        email=values.get("email", ""),
-        tenant_id=values.get("tenant_id", ""),
-        app_credential_id=values.get("app_credential_id", "") if method == APPLICATION_CREDENTIAL else "",
-        password=values.get("password", "") if method == PASSWORD else "",
-        app_credential_secret=values.get("app_credential_secret", "") if method == APPLICATION_CREDENTIAL else "",
-        request_timeout=_timeout(f"{key}.request_timeout", raw.get("request_timeout", DEFAULT_REQUEST_TIMEOUT)),
-    )
+    """One ``bizfly:`` mapping on its own; ConfigError names every bad key and its fix."""
+    config: BizflyConfig = validate_cloud_settings(BizflyConfig, key, raw, env, env_applies)
+    return config
 
 
 def api_base(api_url: str) -> str:
@@ -196,40 +197,3 @@ def default_token_url(api_url: str) -> str:
 
 def catalog_url(api_url: str) -> str:
     return api_base(api_url) + "/auth/service"
-
-
-def _auth_method(values: Mapping[str, str], where: Any) -> str:
-    method = values.get("auth_method", "").lower()
-    if method:
-        if method not in AUTH_METHODS:
-            # Upstream sends any value to the token endpoint unchecked; fail here instead.
-            raise ConfigError(
-                where("auth_method"), f"unknown auth method {method!r}", f"use one of: {', '.join(AUTH_METHODS)}"
-            )
-        return method
-    has_password = bool(values.get("email") or values.get("password"))
-    has_app = bool(values.get("app_credential_id") or values.get("app_credential_secret"))
-    if has_password != has_app:
-        return PASSWORD if has_password else APPLICATION_CREDENTIAL
-    raise ConfigError(
-        where("auth_method"),
-        "cannot tell which login to use" + (" (both kinds of credentials are set)" if has_password else ""),
-        "set auth_method (or BIZFLYCLOUD_AUTH_METHOD) to password or application_credential",
-    )
-
-
-def _require(values: Mapping[str, str], name: str, where: Any, fix: str) -> None:
-    if not values.get(name):
-        raise ConfigError(
-            where(name), f"{name} is required by auth method {values.get('auth_method') or 'chosen'}", fix
-        )
-
-
-def _timeout(key: str, value: Any) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"{value!r} is not a number of seconds", "use e.g. 30") from None
-    if not 1 <= seconds <= 300:
-        raise ConfigError(key, f"{seconds:g}s is outside 1..300 s", "use e.g. 30")
-    return seconds

@@ -18,7 +18,7 @@ def build_adapter(config: ScalewayConfig) -> ScalewayAdapter:
 
 CLOUD_TYPE = CloudType(
     name="scaleway",
-    parse_config=parse_config,
+    config_model=ScalewayConfig,
     build_adapter=build_adapter,
     default_sync_interval=DEFAULT_SYNC_INTERVAL,
 )

@@ -14,8 +14,9 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from devstack.certs import make_pki
 from devstack.clouds import scaleway_backend
-from devstack.harness import ServerProcess, client_credentials, running_stack, server_config
+from devstack.harness import ServerProcess, ServerStartError, client_credentials, running_stack, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.common import Fault, ManualClock
@@ -161,3 +162,42 @@ def test_sigterm_drains_in_flight_calls_then_exits(tmp_path):
             server.stop(signal.SIGKILL)
         lines = [json.loads(line) for line in server.output.splitlines() if line.startswith("{")]
         assert lines and all("level" in line for line in lines)
+
+
+def test_tls_off_loopback_without_client_authentication_refuses_to_start(tmp_path):
+    """Anyone who can reach a non-loopback port could resize pools: a server certificate alone is not enough."""
+    pki = make_pki(tmp_path / "pki")
+    with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
+        raw = server_config([scaleway_backend(sim)], pki=pki)
+        try:
+            server = ServerProcess(raw, workdir=tmp_path, listen="0.0.0.0:0")
+        except ServerStartError as err:
+            output = str(err)
+        else:
+            try:
+                with grpc.secure_channel(
+                    f"127.0.0.1:{server.grpc_port}", client_credentials(pki, with_cert=False)
+                ) as channel:
+                    groups = node_groups(channel)
+            finally:
+                server.stop(signal.SIGKILL)
+            raise AssertionError(f"served {len(groups)} groups to a client without a certificate on 0.0.0.0")
+    assert "exited with 2" in output, output
+    assert "tls.client_ca" in output and "allow_unauthenticated_clients" in output, output
+    assert "Traceback" not in output
+
+
+def test_tls_off_loopback_serves_unauthenticated_clients_only_when_allowed_explicitly(tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
+        raw = server_config([scaleway_backend(sim)], pki=pki)
+        raw["tls"]["allow_unauthenticated_clients"] = True
+        server = ServerProcess(raw, workdir=tmp_path, listen="0.0.0.0:0")
+        try:
+            with grpc.secure_channel(
+                f"127.0.0.1:{server.grpc_port}", client_credentials(pki, with_cert=False)
+            ) as channel:
+                assert node_groups(channel)
+        finally:
+            server.stop()
+    assert "allow_unauthenticated_clients" in server.output  # the start-up warning names the key

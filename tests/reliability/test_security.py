@@ -113,7 +113,7 @@ def _raw_with_listen(listen: str, **extra: object) -> dict[str, object]:
 def test_plaintext_on_non_loopback_is_refused_at_config_load(listen: str) -> None:
     with pytest.raises(ConfigError) as caught:
         server_config.parse(_raw_with_listen(listen), env={"SCW_SECRET_KEY": SCW_SECRET})
-    assert caught.value.key == "listen"
+    assert caught.value.keys == ("listen",)
     assert "allow_plaintext_non_loopback" in str(caught.value)
 
 

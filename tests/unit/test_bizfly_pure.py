@@ -268,7 +268,8 @@ def test_secret_from_a_named_environment_variable() -> None:
     assert _parse(raw, {"MY_PW": "from-env"}).password == "from-env"
     with pytest.raises(ConfigError) as err:
         _parse(raw, {})
-    assert err.value.key == "backends[0].bizfly.password_env" and "MY_PW" in err.value.problem
+    [problem] = err.value.problems
+    assert problem.key == "backends[0].bizfly.password_env" and "MY_PW" in problem.problem
 
 
 @pytest.mark.parametrize(
@@ -276,7 +277,7 @@ def test_secret_from_a_named_environment_variable() -> None:
     [
         ({**PASSWORD_RAW, "cluster_name": ""}, "backends[0].bizfly.cluster_name", "missing"),
         ({**PASSWORD_RAW, "cluster_name": "my cluster/x"}, "backends[0].bizfly.cluster_name", "not a cluster UID"),
-        ({**PASSWORD_RAW, "auth_method": "token"}, "backends[0].bizfly.auth_method", "unknown auth method"),
+        ({**PASSWORD_RAW, "auth_method": "token"}, "backends[0].bizfly.auth_method", "not a login method"),
         ({"email": "a@b.c", "cluster_name": "c"}, "backends[0].bizfly.password", "required"),
         (
             {"auth_method": "application_credential", "app_credential_id": "x", "cluster_name": "c"},
@@ -287,22 +288,27 @@ def test_secret_from_a_named_environment_variable() -> None:
         ({**PASSWORD_RAW, "api_url": "http://api.example.com"}, "backends[0].bizfly.api_url", "unencrypted"),
         ({**PASSWORD_RAW, "api_url": "ftp://x"}, "backends[0].bizfly.api_url", "not an http"),
         ({**PASSWORD_RAW, "colour": "blue"}, "backends[0].bizfly.colour", "unknown key"),
-        ({**PASSWORD_RAW, "request_timeout": 0}, "backends[0].bizfly.request_timeout", "outside"),
+        ({**PASSWORD_RAW, "request_timeout": 0}, "backends[0].bizfly.request_timeout", "out of range"),
+        ({**PASSWORD_RAW, "request_timeout": 30}, "backends[0].bizfly.request_timeout", "no unit"),
+        ({**PASSWORD_RAW, "max_attempts": 11}, "backends[0].bizfly.max_attempts", "out of range"),
     ],
 )
 def test_config_errors_name_the_key_and_a_fix(raw: dict[str, object], key: str, words: str) -> None:
     with pytest.raises(ConfigError) as err:
         _parse(raw)
-    assert err.value.key == key
-    assert words in err.value.problem
-    assert err.value.fix
+    [problem] = err.value.problems
+    assert problem.key == key
+    assert words in problem.problem
+    assert problem.fix
     assert "pw-123456" not in str(err.value)
 
 
 def test_config_error_names_the_environment_variable_it_came_from() -> None:
     with pytest.raises(ConfigError) as err:
         _parse(PASSWORD_RAW, {"BIZFLYCLOUD_AUTH_METHOD": "magic"})
-    assert err.value.key == "BIZFLYCLOUD_AUTH_METHOD"
+    [problem] = err.value.problems
+    assert "environment variable BIZFLYCLOUD_AUTH_METHOD" in problem.key
+    assert "backends[0].bizfly.auth_method" in problem.key
 
 
 def test_http_is_allowed_for_a_loopback_simulator() -> None:

@@ -364,7 +364,7 @@ def test_config_defaults():
         4,
     )
     assert CLOUD_TYPE.name == "scaleway"
-    assert CLOUD_TYPE.parse_config is parse_config
+    assert CLOUD_TYPE.config_model is ScalewayConfig
     assert CLOUD_TYPE.default_sync_interval > 0
 
 
@@ -396,22 +396,24 @@ def test_secret_key_from_a_named_environment_variable():
         (
             {"cluster_id": "c", "secret_key": SECRET},
             {"SCW_REGION": "Paris!"},
-            "environment variable SCW_REGION",
+            f"environment variable SCW_REGION (for {KEY}.region)",
             "fr-par",
         ),
         ({"cluster_id": "c", "secret_key": SECRET, "api_url": "http://api.example.com"}, {}, f"{KEY}.api_url", "https"),
         ({"cluster_id": "c", "secret_key": SECRET, "api_url": "ftp://x"}, {}, f"{KEY}.api_url", "https"),
-        ({"cluster_id": "c", "secret_key": SECRET, "request_timeout": "soon"}, {}, f"{KEY}.request_timeout", "30"),
-        ({"cluster_id": "c", "secret_key": SECRET, "request_timeout": 0}, {}, f"{KEY}.request_timeout", "0.1s"),
-        ({"cluster_id": "c", "secret_key": SECRET, "max_attempts": 0}, {}, f"{KEY}.max_attempts", "between"),
+        ({"cluster_id": "c", "secret_key": SECRET, "request_timeout": "soon"}, {}, f"{KEY}.request_timeout", "30s"),
+        ({"cluster_id": "c", "secret_key": SECRET, "request_timeout": 30}, {}, f"{KEY}.request_timeout", "30s"),
+        ({"cluster_id": "c", "secret_key": SECRET, "request_timeout": 0}, {}, f"{KEY}.request_timeout", "100ms"),
+        ({"cluster_id": "c", "secret_key": SECRET, "max_attempts": 0}, {}, f"{KEY}.max_attempts", "from 1 to 10"),
         ({"cluster_id": "c", "secret_key": SECRET, "secret": "x"}, {}, f"{KEY}.secret", "spelling"),
     ],
 )
 def test_bad_config_names_the_key_and_the_fix(raw, env, key, fix_word):
     with pytest.raises(ConfigError) as info:
         parse(raw, env)
-    assert info.value.key == key
-    assert fix_word in info.value.fix
+    [problem] = info.value.problems
+    assert problem.key == key
+    assert fix_word in problem.fix
     assert SECRET not in str(info.value)
 
 
