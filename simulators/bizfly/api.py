@@ -1,4 +1,4 @@
-"""The Bizfly HTTP surface: token endpoint, service catalog and Kubernetes Engine routes (reference §7).
+"""The Bizfly HTTP surface: token endpoint, service catalog and Kubernetes Engine routes.
 
 Handlers translate between ``SimRequest``/``SimResponse`` and the state model; they hold no state of
 their own beyond the catalog settings.
@@ -29,8 +29,8 @@ ROUTE_DELETE_NODE = "delete_node"
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    """Bizfly error bodies are opaque to gobizfly (reference §6); ``{"message": ...}`` is what its
-    own fixtures show, and the status is repeated so logs are self-explanatory."""
+    """Bizfly error bodies have no published schema and gobizfly never parses them; ``{"message": ...}``
+    is what its own fixtures show, and the status is repeated so logs are self-explanatory."""
     return {"message": message, "code": status}
 
 
@@ -141,7 +141,8 @@ class BizflyApi:
 
     # ----- auth -----------------------------------------------------------------------------------------
     def create_token(self, request: SimRequest) -> SimResponse:
-        # A stale X-Auth-Token and the X-Tenant-* headers arrive here too (reference §2.1); they are ignored.
+        # A stale X-Auth-Token and the X-Tenant-* headers arrive here too (gobizfly sends them on a login);
+        # they are ignored.
         try:
             issued = self.tokens.issue(request.body)
         except AuthRejected as exc:
@@ -152,19 +153,19 @@ class BizflyApi:
             {
                 "token": issued.token,
                 "expires_at": expires,
-                "expire_at": expires,  # the newer client's spelling (reference §2.2)
+                "expire_at": expires,  # the newer gobizfly's spelling
                 "project_id": self._project_id,
                 "project_name": self._project_name,
             },
         )
 
     def service_catalog(self, _request: SimRequest) -> SimResponse:
-        # Deliberately unauthenticated: upstream fetches it with no headers at all (reference §2.3).
+        # Deliberately unauthenticated: upstream fetches it with no headers at all.
         return SimResponse(200, {"services": self.catalog.services(self._base_url())})
 
     def _authenticate(self, request: SimRequest) -> None:
         headers = request.headers
-        # The newer gobizfly sends application credentials on every call instead of a token (§2.5).
+        # The newer gobizfly sends application credentials on every call instead of a token.
         if headers.get("x-auth-type") == "application_credential":
             credential_id = headers.get("x-app-credential-id", "")
             secret = headers.get("x-app-credential-secret", "")

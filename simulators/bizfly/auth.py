@@ -1,8 +1,8 @@
-"""Bizfly token issuance and checking (reference ``bizfly-api.md`` §2 and §7.1).
+"""Bizfly token issuance and checking (docs/bizfly.md, "Authentication").
 
 Tokens are opaque strings with an expiry on the simulator clock. Both spellings of the application
 credential fields are accepted: gobizfly sends ``credential_id``/``credential_secret``, the Bizfly docs
-name ``application_credential_id``/``application_credential_secret`` (§2.2).
+name ``application_credential_id``/``application_credential_secret``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class TokenIssuer:
             principal = self._check_app_credential(body)
         else:
             # An unset auth_method is what upstream sends when it re-authenticates without stored
-            # credentials (reference §2.4); the answer is a 401 like any refused login.
+            # credentials; the answer is a 401 like any refused login.
             raise AuthRejected(f"Unsupported auth_method {method!r}")
         issued = IssuedToken(
             token="gAAAAA" + secrets.token_urlsafe(48),

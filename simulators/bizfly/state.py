@@ -4,7 +4,7 @@ Everything here is plain Python guarded by one lock; HTTP lives in ``api.py``. A
 transitions are evaluated lazily against the simulator clock (``reconcile``) on every read or write, so a
 test that advances a manual clock sees exactly the transitions that are due and nothing else.
 
-Where the real API is not settled (reference ``bizfly-api.md`` §8) the choices below are the simulator's,
+Where the real API is not known (docs/bizfly.md, "The simulator") the choices below are the simulator's,
 and are stated where they are made.
 """
 
@@ -45,7 +45,7 @@ class StatusVocabulary:
     """The node ``status`` strings the simulator emits.
 
     The real API shows ``ACTIVE`` in every public fixture, while the upstream CA maps lowercase
-    ``provisioning``/``running``/``deleting`` (reference §3.6, §8.1), so both are offered.
+    ``provisioning``/``running``/``deleting`` (docs/bizfly.md, "Status mapping"), so both are offered.
     """
 
     provisioning: str
@@ -302,7 +302,7 @@ class BizflyState:
         self._ids = IdFactory(seed)
         self.vocabulary = vocabulary
         self.timings = timings or Timings()
-        # Which id DELETE accepts is open (reference §8.2); by default only the pool node ``id`` works,
+        # Which id DELETE accepts is not known; by default only the pool node ``id`` works,
         # so a client that sends ``physical_id`` gets a 404 and the mix-up shows in tests.
         self.delete_accepts_physical_id = delete_accepts_physical_id
 
@@ -403,7 +403,7 @@ class BizflyState:
             result = []
             for cluster in self._clusters.values():
                 body = cluster.to_json()
-                del body["worker_pools"]  # the list shape carries no pools (reference §3.5)
+                del body["worker_pools"]  # the cluster list carries no pools
                 result.append(body)
             return result
 
@@ -541,7 +541,7 @@ class BizflyState:
                     node.will_fail_reason = pool.pending_failures.pop(0)
                 pool.nodes.append(node)
         elif len(live) > pool.desired_size:
-            # The real removal policy is unknown (reference §8.4): remove broken nodes first, then nodes
+            # The real removal policy is unknown: remove broken nodes first, then nodes
             # not yet running, then the newest running ones.
             rank = {NodePhase.FAILED: 0, NodePhase.CUSTOM: 1, NodePhase.CREATING: 2, NodePhase.RUNNING: 3}
             surplus = sorted(live, key=lambda n: (rank[n.phase], -n.created_at))
@@ -601,7 +601,7 @@ class BizflyState:
 
 
 def k8s_identity(node: Node, pool: Pool) -> dict[str, Any]:
-    """How the Kubernetes Node for a pool node is identified (reference §3.7, §7)."""
+    """How the Kubernetes Node for a pool node is identified (docs/bizfly.md, "Instances")."""
     return {
         "name": node.name,
         "provider_id": PROVIDER_ID_PREFIX + node.physical_id,

@@ -1,7 +1,7 @@
 """The HTTP face of the simulated Kapsule: the four private autoscaler endpoints and Scaleway errors.
 
-Endpoints and shapes follow reference ``scaleway-api.md`` sections 2.1-2.4 and 7; error bodies follow
-section 5 (``{"message", "type", ...}``). Every answer is ``Content-Type: application/json`` exactly,
+Endpoints and shapes are those of docs/scaleway.md, "Endpoints used"; error bodies are Scaleway's
+(``{"message", "type", ...}``). Every answer is ``Content-Type: application/json`` exactly,
 because the upstream Go client rejects anything else.
 """
 
@@ -62,7 +62,7 @@ def authentication_denied(reason: str = "invalid_argument") -> dict[str, Any]:
 
 
 def rate_limit_headers(remaining: int, reset_in: float) -> dict[str, str]:
-    # Scaleway's Go SDK reads these next to Retry-After (reference section 5, 429).
+    # Scaleway's Go SDK reads these next to Retry-After on a 429.
     return {"X-Ratelimit-Remaining": str(remaining), "X-Ratelimit-Reset": str(max(1, int(reset_in + 0.999)))}
 
 

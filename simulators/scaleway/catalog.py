@@ -1,9 +1,9 @@
 """Node types the simulated Kapsule knows, and the per-pool template data derived from them.
 
-Units (reference open question 2): ``capacity`` and ``allocatable`` are in WHOLE units, exactly as the
-upstream provider decodes them (``resource.NewQuantity(v, DecimalSI)``): ``cpu`` in cores, ``memory``
-and ``ephemeral-storage`` in bytes, ``pods`` and GPUs as counts. Prices are approximate list prices in
-EUR per hour; they only need to be plausible and distinct.
+Units (not confirmed by Scaleway; docs/scaleway.md, "The simulator"): ``capacity`` and ``allocatable``
+are in WHOLE units, exactly as the upstream provider decodes them (``resource.NewQuantity(v,
+DecimalSI)``): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes, ``pods`` and GPUs as
+counts. Prices are approximate list prices in EUR per hour; they only need to be plausible and distinct.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
-GPU_LABEL = "k8s.scw.cloud/gpu"  # the label upstream reports as GPULabel() (reference section 3, GPU)
+GPU_LABEL = "k8s.scw.cloud/gpu"  # the label the CA's Scaleway provider reports as GPULabel()
 POOL_LABEL = "k8s.scaleway.com/pool"  # upstream NodePrice looks pools up by this node label
 DEFAULT_MAX_PODS = 110
 
@@ -71,7 +71,7 @@ NODE_TYPES: dict[str, NodeType] = {
 def default_labels(
     node_type: NodeType | None, *, pool_id: str, pool_name: str, cluster_id: str, region: str, zone: str
 ) -> dict[str, str]:
-    """Well-known labels Kapsule puts on a pool's nodes (reference open question 3: our pick)."""
+    """Well-known labels Kapsule puts on a pool's nodes (our pick: the real set is not published)."""
     labels = {
         POOL_LABEL: pool_id,
         "k8s.scaleway.com/pool-name": pool_name,

@@ -1,4 +1,4 @@
-"""Optional public Kapsule and Instance endpoints (reference section 7, "Optional"), for an SDK-style
+"""Optional public Kapsule and Instance endpoints, not used by this server, for an SDK-style
 client or a public-API fallback. They share the state, auth and errors of the autoscaler endpoints but
 speak the public shapes: taints as ``[{key, value, effect}]``, no capacity or price in pools, nodes
 with ``error_message``/``conditions``/``region``, and node-type specs from the Instance product list.

@@ -3,7 +3,7 @@
 Everything here is guarded by one re-entrant lock; the HTTP handlers and the test helpers both go
 through these methods. Asynchronous behaviour is a heap of (due time, node) events processed by
 ``run_due(now)``: a node's next step is due at the time its previous step was due plus the configured
-duration, so one large clock jump plays the whole sequence in order (reference section 7, Transitions).
+duration, so one large clock jump plays the whole sequence in order.
 
 Lookups are by id in dicts; each cluster keeps its pools and nodes in insertion order with a cached
 list for paging, so listing 5,000 nodes 100 at a time stays linear.
@@ -119,7 +119,7 @@ class Timings:
 
 @dataclass(frozen=True)
 class Behaviour:
-    """Knobs for the reference's open questions; defaults follow reference section 7."""
+    """Knobs for what the real API does not tell (docs/scaleway.md, "The simulator")."""
 
     cache_max_age: int | None = 30  # Cache-Control max-age on list answers; None sends no header
     default_page_size: int = 100
@@ -622,7 +622,7 @@ class ScalewayState:
                     node.fails_with = "scaleway node could not be created: insufficient capacity for node type"
                 self._schedule(node, now)
         elif missing < 0:
-            # Default policy (reference section 7): nodes that are not ready go first, then the newest.
+            # Default policy (Kapsule's is not published): nodes that are not ready go first, then the newest.
             victims = sorted(active, key=lambda n: (n.status == "ready", -n.sequence))[:-missing]
             for node in victims:
                 self._set_status(node, "deleting", now)

@@ -676,7 +676,7 @@ def test_a_dead_api_opens_the_breaker_and_fails_fast(make: Any) -> None:
     assert "open" in backend.adapter.health_detail()
 
 
-# ================================================================== upstream unit-test scenarios (reference section 5)
+# ================================================================== the scenarios of the CA's own Bizfly provider tests
 def test_upstream_target_size(make: Any) -> None:
     _, backend = make(scenario(pool(desired_size=3)))
     sync(backend)

@@ -1,7 +1,7 @@
 """The shared Backend over the Scaleway adapter, against the real Scaleway simulator on 127.0.0.1.
 
-Each upstream unit-test scenario of reference/scaleway-api.md section 4 that concerns behaviour
-visible at this level is re-tested here (named ``upstream #N``), next to the failure modes upstream
+Each scenario of the CA's own Scaleway provider tests that concerns behaviour visible at this level
+is re-tested here (marked "as in the CA's Scaleway tests"), next to the failure modes upstream
 does not handle (retries, timeouts, malformed answers, breaker, the size race).
 """
 
@@ -46,7 +46,7 @@ def scenario(pools: list[dict[str, Any]], **top: Any) -> dict[str, Any]:
     return {"clusters": [{"id": CLUSTER, "name": "test", "pools": pools}], **top}
 
 
-# upstream #10: p1 (autoscaling, 3/1/10), p2 (autoscaling, 2/1/5), p3 (not autoscaling)
+# As in the CA's Scaleway tests: p1 (autoscaling, 3/1/10), p2 (autoscaling, 2/1/5), p3 (not autoscaling)
 STANDARD = scenario(
     [
         {"id": P1, "name": "p1", "node_type": "DEV1-M", "size": 3, "min_size": 1, "max_size": 10},
@@ -129,13 +129,14 @@ def wait_for(condition: Any, what: str) -> None:
 
 def test_sync_lists_only_autoscaled_pools_with_their_nodes(sim, backends):
     backend = make_backend(sim, backends)
-    assert sorted(g.id for g in backend.groups()) == [P1, P2]  # upstream #10, #14: p3 and its node dropped
+    assert sorted(g.id for g in backend.groups()) == [P1, P2]  # as in the CA's Scaleway tests: p3 and its node dropped
     assert len(backend.instances(P1)) == 3
     assert len(backend.instances(P2)) == 2
     group = backend.group(P1)
-    assert (group.min_size, group.max_size, group.target_size) == (1, 10, 3)  # upstream #24
-    for node in sim.nodes_of(P1):
-        assert backend.group_id_for(node.provider_id) == P1  # upstream #16
+    # as in the CA's Scaleway tests: min, max and target come from the pool
+    assert (group.min_size, group.max_size, group.target_size) == (1, 10, 3)
+    for node in sim.nodes_of(P1):  # as in the CA's Scaleway tests: a node's group by its providerID
+        assert backend.group_id_for(node.provider_id) == P1
     (fixed_node,) = sim.nodes_of(P3)
     assert backend.group_id_for(fixed_node.provider_id) is None
 
@@ -151,7 +152,8 @@ def test_requests_carry_the_key_user_agent_and_page_parameters(sim, backends):
 
 
 def test_hot_reads_do_not_call_the_cloud(sim, backends):
-    backend = make_backend(sim, backends)  # upstream #11: repeated reads within the interval cost nothing
+    # as in the CA's Scaleway tests: repeated reads within the interval cost nothing
+    backend = make_backend(sim, backends)
     before = len(sim.requests.all())
     for _ in range(50):
         backend.groups()
@@ -196,7 +198,7 @@ def test_cache_control_max_age_of_the_lists_is_the_listing_max_age(sim):
 # ---------------------------------------------------------------------- statuses
 
 
-def test_every_node_status_maps_to_the_reference_table(make_sim, backends):
+def test_every_node_status_maps_to_the_documented_table(make_sim, backends):
     statuses = ["ready", "creating", "starting", "registering", "not_ready", "rebooting", "upgrading", "deleting"]
     statuses += ["creation_error", "deleted", "locked"]
     specs = [{"status": s, "name": f"n-{s}"} for s in statuses]
@@ -267,7 +269,7 @@ def test_nodes_without_provider_id_are_listed_with_stable_synthetic_ids(sim, bac
 
 
 def test_increase_size_patches_the_absolute_size(sim, backends):
-    backend = make_backend(sim, backends)  # upstream #25: size 3, +2 -> PATCH size 5
+    backend = make_backend(sim, backends)  # as in the CA's Scaleway tests: size 3, +2 -> PATCH size 5
     assert backend.increase_size(P1, 2, deadline()) == 5
     (patch,) = sim.requests.filter(route="update_pool")
     assert patch.body == {"size": 5}
@@ -290,7 +292,7 @@ def test_increase_size_checks_happen_before_any_cloud_call(sim, backends):
 def test_decrease_target_size_patches_the_lower_size(make_sim, backends):
     specs = [{"status": "ready"}] * 2 + [{"status": "creating"}] * 3
     sim = make_sim(scenario([{"id": P1, "name": "p1", "size": 5, "min_size": 1, "max_size": 10, "nodes": specs}]))
-    backend = make_backend(sim, backends)  # upstream #26: 5, -2 -> PATCH 3
+    backend = make_backend(sim, backends)  # as in the CA's Scaleway tests: 5, -2 -> PATCH 3
     assert backend.decrease_target_size(P1, -2, deadline()) == 3
     assert sim.requests.filter(route="update_pool")[0].body == {"size": 3}
     assert sim.pool(P1).size == 3
@@ -302,7 +304,7 @@ def test_decrease_target_size_patches_the_lower_size(make_sim, backends):
 
 
 def test_delete_nodes_deletes_and_the_cloud_lowers_the_size(sim, backends):
-    backend = make_backend(sim, backends)  # upstream #27: 2 known nodes of size 5 -> 2 deletes, size 3
+    backend = make_backend(sim, backends)  # as in the CA's Scaleway tests: 2 known nodes of size 5 -> 2 deletes, size 3
     backend.increase_size(P1, 2, deadline())
     backend.sync(deadline())
     victims = ids_of(sim, P1)[:2]
@@ -450,7 +452,7 @@ def test_size_outside_the_pool_bounds_is_rejected_by_the_cloud(sim):
     try:
         group = adapter.read_group(P1, deadline())
         with pytest.raises(CloudRequestRejected, match="size must be between") as info:
-            adapter.set_target_size(group, 11, deadline())  # upstream #4: 400 -> client-side error
+            adapter.set_target_size(group, 11, deadline())  # as in the CA's Scaleway tests: 400 -> client-side error
         assert info.value.status == 400
     finally:
         adapter.close()
@@ -476,7 +478,7 @@ def test_5xx_on_reads_is_retried(sim, backends):
 def test_failed_sync_keeps_the_last_good_snapshot(sim, backends):
     backend = make_backend(sim, backends)
     before = backend.snapshot
-    sim.inject(Fault(route="list_pools", status=500))  # upstream #13 (pools) ...
+    sim.inject(Fault(route="list_pools", status=500))  # as in the CA's Scaleway tests: the pool listing fails ...
     with pytest.raises(CloudUnavailable, match="answered 500"):
         backend.sync(deadline())
     assert backend.snapshot is before
@@ -484,7 +486,7 @@ def test_failed_sync_keeps_the_last_good_snapshot(sim, backends):
     health = backend.health()
     assert health.consecutive_failures == 1 and "500" in health.last_error
     sim.faults.clear()
-    sim.inject(Fault(route="list_nodes", status=503))  # ... and upstream #13 (nodes)
+    sim.inject(Fault(route="list_nodes", status=503))  # ... and the node listing fails
     with pytest.raises(CloudUnavailable, match="answered 503"):
         backend.sync(deadline())
     assert backend.snapshot is before
@@ -497,7 +499,7 @@ def test_size_write_is_not_retried_on_500(sim, backends):
     backend = make_backend(sim, backends)
     sim.inject(Fault(route="update_pool", status=500))
     with pytest.raises(CloudUnavailable):
-        backend.increase_size(P1, 1, deadline())  # upstream #25: the API error is propagated
+        backend.increase_size(P1, 1, deadline())  # as in the CA's Scaleway tests: the API error is propagated
     assert sim.requests.count(route="update_pool") == 1
     assert backend.target_size(P1) == 3
 
@@ -602,7 +604,7 @@ def test_template_from_the_pool_with_whole_units(make_sim, backends):
     }
     sim = make_sim(scenario([pool]))
     backend = make_backend(sim, backends)
-    template = backend.template(P1)  # upstream #31
+    template = backend.template(P1)  # as in the CA's Scaleway tests: whole units, map-form taints
     assert template.capacity == {
         "cpu": "2000",
         "memory": "4096000000",
@@ -622,7 +624,7 @@ def test_gpu_pools_give_gpu_types_label_and_resource(make_sim, backends):
     gpu_pool = {"id": P2, "name": "gpu", "node_type": "L4-1-24G", "size": 0, "max_size": 2}
     sim = make_sim(scenario([{"id": P1, "name": "cpu", "size": 1, "max_size": 3}, gpu_pool]))
     backend = make_backend(sim, backends)
-    assert backend.adapter.gpu_label == "k8s.scw.cloud/gpu"  # upstream #21
+    assert backend.adapter.gpu_label == "k8s.scw.cloud/gpu"  # as in the CA's Scaleway tests
     assert backend.adapter.available_gpu_types() == ("nvidia-l4",)
     template = backend.template(P2)
     assert template.labels["k8s.scw.cloud/gpu"] == "nvidia-l4"
@@ -633,7 +635,8 @@ def test_gpu_pools_give_gpu_types_label_and_resource(make_sim, backends):
 def test_node_price_rounds_hours_up_for_the_pool_named_by_the_label(make_sim, backends):
     sim = make_sim(scenario([{"id": P1, "name": "p1", "size": 1, "max_size": 3, "node_price_per_hour": 0.10}]))
     backend = make_backend(sim, backends)
-    node = NodeRef(provider_id="", labels={"k8s.scaleway.com/pool": P1})  # upstream #22
+    # as in the CA's Scaleway tests: the pool is found by its node label
+    node = NodeRef(provider_id="", labels={"k8s.scaleway.com/pool": P1})
     group_id = backend.adapter.group_for_price_node(node)
     start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     price = backend.adapter.node_price(backend.group(group_id), node, start, start + dt.timedelta(hours=2, minutes=30))

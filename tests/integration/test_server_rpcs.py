@@ -1,7 +1,7 @@
 """Every CloudProvider RPC over a real gRPC channel, against the server wired to the cloud simulators.
 
-Each test states one behaviour the CA relies on (reference/externalgrpc-protocol.md sections 1.4, 3, 5,
-8-10) and checks both what the CA sees and, for mutations, what reached the simulated cloud.
+Each test states one behaviour the CA relies on (docs/protocol.md) and checks both what the CA sees
+and, for mutations, what reached the simulated cloud.
 """
 
 from __future__ import annotations

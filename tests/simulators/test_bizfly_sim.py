@@ -1,7 +1,6 @@
 """The Bizfly Cloud Kubernetes Engine simulator, spoken to over HTTP on 127.0.0.1 like the real API.
 
-Facts asserted here come from ``reference/bizfly-api.md`` (§2 auth, §3 Kubernetes Engine, §7 the
-simulator's spec).
+Facts asserted here are those of docs/bizfly.md ("Authentication", "Endpoints used", "The simulator").
 """
 
 from __future__ import annotations
@@ -126,7 +125,7 @@ def test_password_login_issues_a_token_that_opens_the_kubernetes_api(
 
 
 def test_go_encoded_login_body_with_trailing_newline_is_accepted(sim: BizflySimulator, http: requests.Session) -> None:
-    # gobizfly uses json.Encoder: compact, with a trailing newline (reference §2.1).
+    # gobizfly uses json.Encoder: compact, with a trailing newline.
     raw = json.dumps(password_body(), separators=(",", ":")) + "\n"
     headers = {"Content-Type": "application/json; charset=utf-8", "X-Auth-Type": "token", "X-Tenant-Id": ""}
     response = http.post(sim.token_url, data=raw.encode(), headers=headers)
@@ -156,7 +155,7 @@ def test_application_credential_login_accepts_both_field_spellings(
         {"auth_method": "password", "username": EMAIL, "password": "wrong"},
         {"auth_method": "password", "username": "nobody@example.com", "password": PASSWORD},
         {"auth_method": "application_credential", "credential_id": CRED_ID, "credential_secret": "wrong"},
-        {"auth_method": ""},  # what upstream re-sends when it never stored credentials (reference §2.4)
+        {"auth_method": ""},  # what upstream re-sends when it never stored credentials
         {"auth_method": "password"},
     ],
     ids=["bad-password", "unknown-user", "bad-secret", "empty-method", "missing-fields"],
@@ -181,7 +180,7 @@ def test_custom_accounts_replace_the_default_ones(manual_clock: ManualClock, htt
 def test_token_refresh_with_a_stale_token_header_is_accepted(sim: BizflySimulator, http: requests.Session) -> None:
     old = login(http, sim)
     sim.expire_tokens()
-    # On refresh gobizfly still sends the old token in X-Auth-Token (reference §2.1).
+    # On refresh gobizfly still sends the old token in X-Auth-Token.
     response = http.post(sim.token_url, json=password_body(), headers=auth(old))
     assert response.status_code == 200 and response.json()["token"] != old
 
@@ -321,7 +320,7 @@ def test_unknown_cluster_or_pool_is_404(sim: BizflySimulator, http: requests.Ses
 
 
 def test_fallback_path_used_on_catalog_mismatch_is_not_served(sim: BizflySimulator, http: requests.Session) -> None:
-    # Upstream falls back to <api>/_/<cluster> without /kubernetes-engine when no region matches (§1).
+    # Upstream falls back to <api>/_/<cluster> without /kubernetes-engine when no region matches.
     assert http.get(f"{sim.url}/api/_/{CLUSTER}", headers=auth(login(http, sim))).status_code == 404
 
 
@@ -343,7 +342,7 @@ def test_patch_desired_size_changes_only_desired_size(sim: BizflySimulator, http
 def test_patch_with_empty_object_is_an_accepted_no_op(sim: BizflySimulator, http: requests.Session) -> None:
     token = login(http, sim)
     before = get_pool(http, sim, token)
-    # Old gobizfly serialises desired_size 0 as {} (omitempty, reference §3.3).
+    # Old gobizfly serialises desired_size 0 as {} (omitempty).
     response = http.patch(k8s(sim, CLUSTER, POOL), headers=auth(token), data=b"{}\n")
     assert response.status_code == 200
     assert get_pool(http, sim, token) == before

@@ -1,4 +1,4 @@
-"""The Scaleway Kapsule simulator, spoken to over HTTP as the upstream client does (reference section 7)."""
+"""The Scaleway Kapsule simulator, spoken to over HTTP as the CA's own Scaleway client does."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def sim(manual_clock: ManualClock) -> Iterator[ScalewaySimulator]:
 
 
 class Api:
-    """The four autoscaler calls, shaped like upstream's scalewaygo client (K:352-477)."""
+    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/scaleway.md, "Endpoints used")."""
 
     def __init__(self, sim: ScalewaySimulator, session: requests.Session, token: str = SECRET) -> None:
         self.base = f"{sim.url}/k8s/v1/regions/{REGION}/autoscaler"

@@ -1,6 +1,6 @@
 """Pure Scaleway logic: status mapping, taints, templates and units, prices, config, error texts.
 
-Fixtures follow the upstream unit tests (reference/scaleway-api.md section 4) where one exists.
+Fixtures follow the CA's own Scaleway provider tests where one exists.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ KEY = "backends[0].scaleway"
 
 
 def make_pool(**changes: Any) -> Pool:
-    """Upstream's createTestPool fixture (PT:59-93)."""
+    """The pool fixture of the CA's own Scaleway provider tests (createTestPool)."""
     pool = Pool(
         id="pool-1",
         name="default",
@@ -67,7 +67,7 @@ def make_node(node_id: str, pool_id: str = "pool-1", status: str = "ready", prov
     return Node(id=node_id, pool_id=pool_id, provider_id=pid, name=f"scw-{node_id}", status=status, error_message="")
 
 
-# ---------------------------------------------------------------------- status mapping (reference 2.5)
+# ------------------------------------------------------------------ status mapping (docs/scaleway.md, "Status mapping")
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_other_creation_errors_are_class_other_with_a_default_message():
     assert instance_status("creation_error", "image pull failed")[1].error_class == ErrorClass.OTHER
 
 
-# ---------------------------------------------------------------------- taints (GT:694-752, GT:489-561)
+# ---------------------------------------------------------------------- taints (docs/scaleway.md, "Templates")
 
 
 def test_parse_taints_upstream_table():
@@ -266,7 +266,7 @@ def test_debug_line_matches_upstream_format():
         assert part in line
 
 
-# ---------------------------------------------------------------------- prices (PT:497-611)
+# ---------------------------------------------------------------------- prices (docs/scaleway.md, "Templates", prices)
 
 
 def test_node_price_rounds_hours_up():
