@@ -80,7 +80,8 @@ CONTAINER ?= $(shell command -v docker || command -v podman)
 image:
 	$(CONTAINER) build -f deploy/Dockerfile -t $(IMAGE) .
 
-# Render every kustomize overlay and validate it offline (also part of make test).
+# Render the official cluster-autoscaler Helm chart (from the CA module) with deploy/helm's values and
+# every kustomize tree, check what comes out and validate it offline (also part of make test).
 deploy-check: GO_BUILD_GROUPS = deploy
 deploy-check: build
 	$(PY) -m pytest -q tests/deploy
