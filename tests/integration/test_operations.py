@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos import externalgrpc_pb2 as pb
 from providers.errors import DomainError
@@ -211,3 +212,20 @@ def test_status_command_prints_groups_sizes_and_backend_health(worked):
     assert general[1:5] == ["scw", "1", "4", "2"]  # 2 + 1 increased - 1 deleted
     assert general[-2].endswith("s")  # snapshot age
     assert "backend scw: SERVING (snapshot age" in status.stdout
+
+
+def test_the_metrics_reference_documents_exactly_the_families_the_server_exports(worked):
+    metrics, _, _, _ = worked
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    section = doc[doc.index("## Metrics reference") : doc.index("### Alerts and dashboard")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    # Counters are documented with their _total suffix; the parser names the family without it.
+    documented = {
+        name.removesuffix("_total") for row in rows for name in re.findall(r"`([a-z_*]+)`", row.split("|")[1])
+    }
+    exported = {family.name for family in text_string_to_metric_families(metrics)}
+    patterns = [re.compile(name.replace("*", ".*")) for name in documented if "*" in name]
+    undocumented = {f for f in exported if f not in documented and not any(p.fullmatch(f) for p in patterns)}
+    assert not undocumented, f"exported but not in docs/operations.md: {sorted(undocumented)}"
+    missing = {d for d in documented if "*" not in d and d not in exported}
+    assert not missing, f"documented but not exported: {sorted(missing)}"
