@@ -2,8 +2,8 @@
 
 The chart ships inside the ``k8s.io/autoscaler/cluster-autoscaler`` Go module (``charts/
 cluster-autoscaler``). Its module zip comes from the Go module proxy directory that serves the CA
-modules (``CA_MODULE_PROXY``, default ``../shared/goproxy`` beside the repository root, the same
-directory the Go build step uses). The zip is checked against the module hash Go itself records
+modules (``CA_MODULE_PROXY``; the same directory and default the Go build step,
+tests/support/gobuild.py, uses). The zip is checked against the module hash Go itself records
 (``h1:`` in go.sum) before the chart is unpacked, so what we render is byte for byte the chart of
 that commit. Helm is built by ``make deploy-check`` from ``tests/deploy/helm`` (tests never build).
 """
