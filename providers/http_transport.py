@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -190,6 +190,7 @@ class _Outcome:
     error: Exception | None = None
     label: str = ""  # status code or error kind, for metrics/logs
     reached_cloud: bool = True  # False only when the request certainly never reached the cloud
+    seconds: float = 0.0  # how long the attempt took
 
 
 class HttpTransport:
@@ -231,6 +232,7 @@ class HttpTransport:
         # Longest first so a secret that contains another is masked whole.
         self._secrets = tuple(sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True))
         self._metrics: Any = None
+        self._backend = ""  # the configured backend these calls serve, for logs (set by instrument)
         self._breaker = _Breaker(breaker, clock, self._breaker_changed)
         self._session = requests.Session()
         self._session.headers.update({"User-Agent": user_agent, "Accept": "application/json"})
@@ -241,7 +243,10 @@ class HttpTransport:
         return self._breaker.state
 
     def instrument(self, metrics: Any) -> None:
+        """Report attempts and breaker changes to ``metrics`` (server/metrics.py ``BackendMetrics``);
+        its ``backend`` attribute, when present, is added to every log line of this transport."""
         self._metrics = metrics
+        self._backend = str(getattr(metrics, "backend", "") or "")
         if metrics is not None:
             metrics.set_breaker_state(self.provider, self._breaker.state)
 
@@ -331,22 +336,30 @@ class HttpTransport:
 
             if response is not None and response.status_code == 401 and self._auth is not None and not auth_refreshed:
                 # A token may expire between two calls: refresh it once, then a second 401 is final.
+                self._log_attempt(method, endpoint, outcome, attempt, "refreshing the token and repeating")
                 auth_refreshed = refresh_auth = True
                 attempt -= 1  # the refresh retry does not use up a transient-failure attempt
                 continue
             if response is not None and response.status_code < 400:
+                self._log_attempt(method, endpoint, outcome, attempt, "")
                 return self._parse_success(response, method, endpoint)
             if response is not None and response.status_code not in RETRYABLE_STATUSES:
+                self._log_attempt(method, endpoint, outcome, attempt, "refused, not retried")
                 raise self._client_error(response, method, endpoint)
 
             # Transient: a retryable status or no answer at all.
             failure = self._transient_error(outcome, method, endpoint, idempotent)
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None
             safe_to_repeat = idempotent or self._certainly_not_processed(outcome, retry_after)
-            if not safe_to_repeat or attempt >= attempts:
+            if not safe_to_repeat:
+                self._log_attempt(method, endpoint, outcome, attempt, "not retried: the change may have been applied")
+                raise failure
+            if attempt >= attempts:
+                self._log_attempt(method, endpoint, outcome, attempt, f"giving up after {attempt} attempt(s)")
                 raise failure
             delay = self._retry.backoff(attempt, self._rng) if retry_after is None else retry_after
             if retry_after is not None and retry_after > self._retry.max_retry_after:
+                self._log_attempt(method, endpoint, outcome, attempt, f"not retried: Retry-After {retry_after:.0f}s")
                 raise type(failure)(
                     f"{failure} The cloud asked to wait {retry_after:.0f}s (Retry-After), longer than the "
                     f"{self._retry.max_retry_after:.0f}s this server waits inside one call; it will try again "
@@ -354,18 +367,12 @@ class HttpTransport:
                 )
             room = deadline.remaining() - RESPONSE_MARGIN - _MIN_ATTEMPT_TIMEOUT
             if delay > room:
+                self._log_attempt(method, endpoint, outcome, attempt, "not retried: the caller's deadline is near")
                 raise type(failure)(
                     f"{failure} Not retrying: waiting {delay:.2f}s would pass the caller's deadline "
                     f"({max(room, 0.0):.2f}s usable left)"
                 )
-            log.info(
-                "retrying %s %s in %.2fs after %s",
-                method,
-                endpoint,
-                delay,
-                outcome.label,
-                extra={"provider": self.provider, "endpoint": endpoint, "status": outcome.label, "attempt": attempt},
-            )
+            self._log_attempt(method, endpoint, outcome, attempt, f"retrying in {delay:.2f}s", retry_in=delay)
             if delay > 0:
                 self._sleep(delay)
 
@@ -407,30 +414,44 @@ class HttpTransport:
         except requests.exceptions.RequestException as exc:
             outcome = _Outcome(error=exc, label="connection")
         seconds = self._clock() - started
-        self._report(endpoint, method, outcome.label, seconds, attempt)
-        return outcome
+        if self._metrics is not None:
+            label = outcome.label
+            status: int | str = int(label) if label.isdigit() else label
+            self._metrics.observe_cloud_request(self.provider, endpoint, method, status, seconds, attempt > 1)
+        return replace(outcome, seconds=seconds)
 
-    def _report(self, endpoint: str, method: str, label: str, seconds: float, attempt: int) -> None:
+    def _log_attempt(
+        self, method: str, endpoint: str, outcome: _Outcome, attempt: int, next_step: str, retry_in: float | None = None
+    ) -> None:
+        """One line per attempt, saying what happens next (a retry is one line, not two)."""
+        label = outcome.label
         level = logging.DEBUG if label.isdigit() and int(label) < 400 else logging.WARNING
+        if not log.isEnabledFor(level):
+            return
+        extra: dict[str, Any] = {
+            "api": self.provider,
+            "method": method,
+            "endpoint": endpoint,
+            "status": label,
+            "attempt": attempt,
+            "duration_ms": round(outcome.seconds * 1000, 1),
+        }
+        if self._backend:
+            extra["backend"] = self._backend
+        if retry_in is not None:
+            extra["retry_in_s"] = round(retry_in, 3)
+        suffix = f"; {next_step}" if next_step else ""
         log.log(
             level,
-            "%s %s %s -> %s in %.0fms",
+            "%s %s %s -> %s in %.0fms%s",
             self.provider,
             method,
             endpoint,
             label,
-            seconds * 1000,
-            extra={
-                "provider": self.provider,
-                "endpoint": endpoint,
-                "status": label,
-                "attempt": attempt,
-                "duration_ms": round(seconds * 1000, 1),
-            },
+            outcome.seconds * 1000,
+            suffix,
+            extra=extra,
         )
-        if self._metrics is not None:
-            status: int | str = int(label) if label.isdigit() else label
-            self._metrics.observe_cloud_request(self.provider, endpoint, method, status, seconds, attempt > 1)
 
     def _breaker_changed(self, state: str) -> None:
         log.warning(

@@ -23,6 +23,8 @@ from server.clouds import cloud_type
 from server.config import ServerConfig
 from server.decoding import DecodingInterceptor
 from server.group_overrides import UnmatchedOverrideCheck
+from server.metrics import Metrics
+from server.probes import HttpEndpoint, Liveness, serve_probes
 from server.service import SERVICE_NAME, CloudProviderService
 
 log = logging.getLogger(__name__)
@@ -123,8 +125,9 @@ class RunningServer:
     service: CloudProviderService
     health: health.HealthServicer
     port: int
-    http: object | None = None
-    metrics: object | None = None
+    liveness: Liveness
+    metrics: Metrics
+    http: HttpEndpoint | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -138,7 +141,15 @@ class RunningServer:
             return None
         return _join(self.config.http_listen[0], self.http.port)  # type: ignore[attr-defined]
 
+    def draining(self) -> bool:
+        """True from the start of ``stop()``: /readyz then fails so a Service stops routing here."""
+        return self._stopped.is_set()
+
     def ready(self) -> tuple[bool, str]:
+        """Whether every backend serves a fresh snapshot (tests wait on this for the first sync).
+
+        Not what /readyz answers: that stays 200 while the cloud view is stale (server/probes.py).
+        """
         problems = []
         for backend in self.registry.backends:
             h = backend.health()
@@ -163,7 +174,7 @@ class RunningServer:
         self.grpc_server.stop(grace).wait(grace + 1)
         self.registry.stop()
         if self.http is not None:
-            self.http.stop()  # type: ignore[attr-defined]
+            self.http.stop()
         log.info("server stopped")
 
     def wait(self) -> None:
@@ -173,15 +184,14 @@ class RunningServer:
 def start(config: ServerConfig, backends: list[Backend] | None = None, start_backends: bool = True) -> RunningServer:
     register_secrets(config)
     registry = Registry(backends if backends is not None else build_backends(config))
-    metrics = _metrics()
+    metrics = Metrics()
+    executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
     # Outermost first: metrics see every answer, including INVALID_ARGUMENT for undecodable bytes.
-    interceptors = ([metrics.interceptor()] if metrics is not None else []) + [DecodingInterceptor()]
+    interceptors = [metrics.interceptor(), DecodingInterceptor()]
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
-    service = CloudProviderService(
-        registry, options, on_scale_action=metrics.scale_action if metrics is not None else None
-    )
+    service = CloudProviderService(registry, options, on_scale_action=metrics.scale_action)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc"),
+        executor,
         interceptors=interceptors,
         options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 16 * 1024 * 1024)],
     )
@@ -191,11 +201,12 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     creds = _credentials(config)
     bound = _bind_grpc(server, config.listen, creds)
-    running = RunningServer(config, server, registry, service, health_servicer, bound, metrics=metrics)
+    liveness = Liveness(executor)
+    running = RunningServer(config, server, registry, service, health_servicer, bound, liveness, metrics)
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:
-            running.http = _serve_http(config, running)
+            running.http = serve_probes(*config.http_listen, running)
         except OSError as err:
             server.stop(None)
             http_host, http_port = config.http_listen
@@ -204,16 +215,25 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
             ) from None
     for backend in registry.backends:
         backend.listeners.append(running.update_health)
-        if metrics is not None:
-            backend.listeners.append(metrics.observe_backend)
-            backend.adapter.instrument(metrics)
-    if start_backends:
-        registry.start()
+        backend.listeners.append(liveness.sync_attempt_ended)
+        backend.listeners.append(metrics.observe_backend)
+        backend.adapter.instrument(metrics.for_backend(backend.name))
+    metrics.watch_backends(registry.backends)
     for backend in registry.backends:
         running.update_health(backend)
+    # Listen before the first sync: meanwhile Refresh answers UNAVAILABLE saying the first sync is
+    # pending, which the CA logs, instead of the CA (and the kubelet) meeting a closed port.
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    if start_backends:
+        log.info("listening; first sync with the cloud", extra={"address": running.address})
+        liveness.watch(registry.backends)
+        try:
+            registry.start()
+        except BaseException:
+            running.stop(grace=0)
+            raise
     log.info(
         "serving",
         extra={
@@ -246,21 +266,6 @@ def _bind_grpc(server: grpc.Server, listen: tuple[str, int], creds: grpc.ServerC
     if problem is not None:
         raise ListenError("listen", bind, "gRPC", problem)
     return bound
-
-
-def _metrics():  # type: ignore[no-untyped-def]
-    try:
-        from server.metrics import ServerMetrics
-    except ImportError:
-        return None
-    return ServerMetrics()
-
-
-def _serve_http(config: ServerConfig, running: RunningServer):  # type: ignore[no-untyped-def]
-    from server.probes import serve_probes
-
-    host, port = config.http_listen  # type: ignore[misc]
-    return serve_probes(host, port, running)
 
 
 def run_until_signalled(running: RunningServer) -> None:

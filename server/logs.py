@@ -1,8 +1,19 @@
-"""Logging setup: JSON lines or human text, with secrets masked before anything is written.
+"""Logging setup: Kubernetes structured-logging JSON lines or human text, secrets masked first.
 
-JSON line fields: ``ts`` (RFC 3339, UTC, milliseconds), ``level``, ``logger``, ``msg``, then every
-``extra={...}`` field given at the call site (``grpc_method``, ``grpc_code``, ``node_group``,
-``backend``, ``delta``, ``result``, ``duration_ms``...), then ``exc`` when there is a traceback.
+JSON lines have the shape the cluster-autoscaler writes with ``--logging-format=json`` (the
+Kubernetes component-base JSON logger), so one log pipeline parses both containers of the pod:
+
+* ``ts``: Unix time in milliseconds, a float;
+* ``caller``: ``directory/file.py:line`` of the call;
+* ``logger``: the Python logger name (``server.rpc``, ``providers.backend``, ...);
+* ``msg``: the message;
+* ``v``: the verbosity of an info record: 0 for info and warning (as ``klog.Warning`` writes them),
+  4 for debug. Error records have no ``v``, like the CA's;
+* ``err``: the error text, when the record carries one (an exception, or an ``error`` field);
+* then every ``extra={...}`` field as a key/value pair, its key written in lowerCamelCase as
+  Kubernetes names them (``grpc_method`` becomes ``grpcMethod``); a traceback goes in ``stacktrace``.
+
+The text format is for people on a terminal: ``<time> <LEVEL> <logger> <msg> key=value ...``.
 
 Redaction happens in a filter attached to the handler, so it applies to records from every logger
 (including ``urllib3`` and ``grpc``), and it runs on the final text: message, arguments, extra
@@ -140,37 +151,73 @@ def _rfc3339(created: float) -> str:
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+#: keys Kubernetes spells differently from a plain camel-casing of ours
+_KEY_NAMES = {"error": "err", "snapshot_age_s": "snapshotAgeSeconds", "retry_in_s": "retryInSeconds"}
+#: top-level fields of a JSON line; an extra field never replaces one of them
+_TOP_LEVEL = frozenset({"ts", "caller", "logger", "msg", "v", "err", "stacktrace"})
+#: the ``v`` of a debug record: Kubernetes components log debug detail at 4 (the CA's --v=4 shows it)
+DEBUG_VERBOSITY = 4
+
+
+def kubernetes_key(name: str) -> str:
+    """``grpc_method`` -> ``grpcMethod``; ``error`` -> ``err`` (Kubernetes structured-logging keys)."""
+    if name in _KEY_NAMES:
+        return _KEY_NAMES[name]
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def _caller(record: logging.LogRecord) -> str:
+    path = record.pathname.replace("\\", "/").rsplit("/", 2)
+    return f"{'/'.join(path[-2:])}:{record.lineno}"
+
+
+def _exception_texts(formatter: logging.Formatter, record: logging.LogRecord) -> tuple[str, str]:
+    """``(err, stacktrace)`` of a record's exception, both redacted; empty when there is none."""
+    if record.exc_info and not record.exc_text:
+        record.exc_text = redact(formatter.formatException(record.exc_info))
+    stacktrace = record.exc_text or ""
+    err = ""
+    if record.exc_info and record.exc_info[1] is not None:
+        exc = record.exc_info[1]
+        err = redact(f"{type(exc).__name__}: {exc}")
+    return err, stacktrace
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line."""
+    """One JSON object per line, shaped like the Kubernetes component-base JSON logger's."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": _rfc3339(record.created),
-            "level": record.levelname.lower(),
+            "ts": round(record.created * 1000, 3),
+            "caller": _caller(record),
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in _extra_keys(record):
-            if key not in doc:
-                doc[key] = record.__dict__[key]
-        if record.exc_info and not record.exc_text:
-            record.exc_text = redact(self.formatException(record.exc_info))
-        if record.exc_text:
-            doc["exc"] = record.exc_text
+        if record.levelno < logging.ERROR:
+            doc["v"] = 0 if record.levelno >= logging.INFO else DEBUG_VERBOSITY
+        err, stacktrace = _exception_texts(self, record)
+        if err:
+            doc["err"] = err
+        for name in _extra_keys(record):
+            key = kubernetes_key(name)
+            if key not in _TOP_LEVEL or (key == "err" and "err" not in doc):
+                doc[key] = record.__dict__[name]
+        if stacktrace:
+            doc["stacktrace"] = stacktrace
         return json.dumps(doc, default=str, ensure_ascii=False, separators=(",", ":"))
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-12-02T10:00:00.123Z INFO  server.app serving address=127.0.0.1:8086 tls=False``"""
+    """``2026-12-02T10:00:00.123Z INFO  server.app serving address=127.0.0.1:8086 tls=false``"""
 
     def format(self, record: logging.LogRecord) -> str:
         parts = [_rfc3339(record.created), f"{record.levelname:<5}", record.name, record.getMessage()]
-        extras = [f"{k}={_text_value(record.__dict__[k])}" for k in _extra_keys(record)]
+        extras = [f"{kubernetes_key(k)}={_text_value(record.__dict__[k])}" for k in _extra_keys(record)]
         line = " ".join(parts + extras)
-        if record.exc_info and not record.exc_text:
-            record.exc_text = redact(self.formatException(record.exc_info))
-        if record.exc_text:
-            line = f"{line}\n{record.exc_text}"
+        _, stacktrace = _exception_texts(self, record)
+        if stacktrace:
+            line = f"{line}\n{stacktrace}"
         return line
 
 

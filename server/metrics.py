@@ -1,33 +1,39 @@
-"""Prometheus metrics for the server, and the small plaintext HTTP endpoint that serves them.
+"""Prometheus metrics of the server, in a registry of their own.
 
-Everything lives in one dedicated ``CollectorRegistry`` owned by a ``Metrics`` object, so tests can
-create as many servers as they like in one process without "Duplicated timeseries" errors, and
-nothing from the global registry (which other libraries may write to) leaks onto /metrics.
+Everything lives in one ``CollectorRegistry`` owned by a ``Metrics`` object, so tests can create as
+many servers as they like in one process without "Duplicated timeseries" errors, and nothing from the
+global registry (which other libraries may write to) leaks onto /metrics. The process, platform and
+garbage-collector collectors are registered on it explicitly, so ``process_resident_memory_bytes``
+and friends are there as on any Prometheus client.
 
 Families (docs/operations.md has the full reference):
 
 * standard gRPC server metrics, named as py-grpc-prometheus / go-grpc-prometheus name them, so
   existing dashboards work: ``grpc_server_started_total``, ``grpc_server_handled_total``,
   ``grpc_server_handling_seconds``;
-* ``ca_externalgrpc_*``: cloud API calls, retries, circuit breaker, node groups, sync, scale actions.
+* ``ca_externalgrpc_*``: build info, cloud API calls, retries, circuit breaker, node groups, sync,
+  scale actions. Every series about one backend carries a ``backend`` label (the configured name), so
+  two backends of the same cloud never merge into one series.
 
-Label values are always identifiers we chose (backend names, node-group ids, endpoint templates,
-status codes); never a URL with a query string, a header or a credential.
+No ``*_created`` series: they double the series count and no dashboard or alert of ours reads them.
+Label values are always identifiers we chose (backend names, node-group ids, endpoint names, status
+codes); never a URL with a query string, a header or a credential.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
+import importlib.metadata
 import logging
+import platform
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
+import prometheus_client
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -37,13 +43,22 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from server.interceptors import UnaryInterceptor
 
 log = logging.getLogger(__name__)
 
+# A process-wide switch of prometheus_client, read when samples are produced: no ``*_created``.
+prometheus_client.disable_created_metrics()
+
 PREFIX = "ca_externalgrpc_"
+#: the content type of ``Metrics.exposition()``, for the HTTP endpoint
+EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
+DISTRIBUTION = "ca-externalgrpc-server"
 
 #: sub-millisecond in-memory reads up to the CA's default 5 s gRPC deadline (plus a margin)
 GRPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -52,22 +67,18 @@ CLOUD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 6
 
 #: instance states reported per group; always all present so a state going to zero is visible
 INSTANCE_STATES = ("running", "creating", "deleting", "unspecified", "error")
+#: circuit breaker states; one series each, 1 for the current state and 0 for the others
+BREAKER_STATES = ("closed", "half-open", "open")
+_BREAKER_ALIASES = {"half_open": "half-open", "0": "closed", "1": "half-open", "2": "open"}
 
 
-class BreakerState(enum.IntEnum):
-    """Value of ``ca_externalgrpc_cloud_api_circuit_breaker_state``."""
-
-    CLOSED = 0
-    HALF_OPEN = 1
-    OPEN = 2
-
-
-_BREAKER_NAMES = {
-    "closed": BreakerState.CLOSED,
-    "half-open": BreakerState.HALF_OPEN,
-    "half_open": BreakerState.HALF_OPEN,
-    "open": BreakerState.OPEN,
-}
+def build_labels() -> dict[str, str]:
+    """``version`` of this server, ``python`` and ``grpcio`` versions, for ``ca_externalgrpc_build_info``."""
+    try:
+        version = importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        version = "unknown"
+    return {"version": version, "python": platform.python_version(), "grpcio": grpc.__version__}
 
 
 class Metrics:
@@ -76,6 +87,18 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
+        # prometheus_client registers these on its global registry only; ours gets its own.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        info = build_labels()
+        self.build_info = Gauge(
+            PREFIX + "build_info",
+            "Always 1; the labels say which server version runs on which Python and grpcio.",
+            tuple(info),
+            registry=r,
+        )
+        self.build_info.labels(**info).set(1)
         grpc_labels = ("grpc_type", "grpc_service", "grpc_method")
         self.grpc_started = Counter("grpc_server_started_total", "RPCs started on the server.", grpc_labels, registry=r)
         self.grpc_handled = Counter(
@@ -93,27 +116,27 @@ class Metrics:
         )
         self.cloud_requests = Counter(
             PREFIX + "cloud_api_requests_total",
-            "HTTP requests sent to a cloud API, by outcome (HTTP status or error class).",
-            ("provider", "endpoint", "method", "status"),
+            "HTTP requests (attempts) sent to a cloud API, by outcome (HTTP status or error class).",
+            ("backend", "api", "endpoint", "method", "status"),
             registry=r,
         )
         self.cloud_request_seconds = Histogram(
             PREFIX + "cloud_api_request_duration_seconds",
             "Duration of one HTTP request to a cloud API (one attempt).",
-            ("provider", "endpoint", "method"),
+            ("backend", "api", "endpoint", "method"),
             buckets=CLOUD_BUCKETS,
             registry=r,
         )
         self.cloud_retries = Counter(
             PREFIX + "cloud_api_retries_total",
             "Cloud API requests that were attempts after the first (retries).",
-            ("provider", "endpoint"),
+            ("backend", "api", "endpoint"),
             registry=r,
         )
         self.breaker_state = Gauge(
             PREFIX + "cloud_api_circuit_breaker_state",
-            "Circuit breaker towards a cloud API: 0 closed, 1 half-open, 2 open.",
-            ("provider",),
+            "Circuit breaker towards a cloud API: 1 for the current state (closed, half-open, open), else 0.",
+            ("backend", "api", "state"),
             registry=r,
         )
         group_labels = ("backend", "node_group")
@@ -143,8 +166,8 @@ class Metrics:
             ("backend", "node_group", "action", "result"),
             registry=r,
         )
-        self._snapshot_age = _SnapshotAgeCollector()
-        r.register(self._snapshot_age)
+        self._snapshots = _SnapshotCollector()
+        r.register(self._snapshots)
         self._groups: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
@@ -153,37 +176,49 @@ class Metrics:
         return MetricsInterceptor(self)
 
     # ------------------------------------------------------------------ cloud API (transport hook)
+    def for_backend(self, backend: str) -> BackendMetrics:
+        """The object a backend's HTTP transports report to; it adds the ``backend`` label."""
+        return BackendMetrics(self, backend)
+
     def observe_cloud_request(
         self,
-        provider: str,
+        backend: str,
+        api: str,
         endpoint: str,
         method: str,
         status_or_error: int | str | BaseException | None,
         seconds: float,
         retried: bool | int = False,
     ) -> None:
-        """Record one HTTP attempt. ``endpoint`` must be a route template, never a concrete URL.
+        """Record one HTTP attempt. ``endpoint`` must be an endpoint name, never a concrete URL.
 
+        ``api`` names the cloud API (``scaleway``, ``bizfly``, ``bizfly-token``...).
         ``status_or_error`` is the HTTP status code, or an error class name / exception when no
         response arrived (``timeout``, ``connection``...). ``retried`` is true for every attempt
         after the first (an int attempt number > 0 counts as retried too).
         """
         status = _status_label(status_or_error)
         method = method.upper()
-        self.cloud_requests.labels(provider, endpoint, method, status).inc()
-        self.cloud_request_seconds.labels(provider, endpoint, method).observe(max(seconds, 0.0))
+        self.cloud_requests.labels(backend, api, endpoint, method, status).inc()
+        self.cloud_request_seconds.labels(backend, api, endpoint, method).observe(max(seconds, 0.0))
         if retried:
-            self.cloud_retries.labels(provider, endpoint).inc()
+            self.cloud_retries.labels(backend, api, endpoint).inc()
 
-    def set_breaker_state(self, provider: str, state: BreakerState | int | str) -> None:
-        value = _BREAKER_NAMES[state.lower()] if isinstance(state, str) else BreakerState(int(state))
-        self.breaker_state.labels(provider).set(int(value))
+    def set_breaker_state(self, backend: str, api: str, state: int | str) -> None:
+        current = _breaker_state(state)
+        for name in BREAKER_STATES:
+            self.breaker_state.labels(backend, api, name).set(1 if name == current else 0)
 
     # ------------------------------------------------------------------ backends (sync listener)
+    def watch_backends(self, backends: Iterable[Any]) -> None:
+        """Report the snapshot age and staleness of ``backends`` from now on, before their first sync."""
+        for backend in backends:
+            self._snapshots.track(backend)
+
     def observe_backend(self, backend: Any) -> None:
         """Listener for ``Backend.listeners``: called after every sync attempt."""
         name = backend.name
-        self._snapshot_age.track(backend)
+        self._snapshots.track(backend)
         health = backend.health()
         if health.consecutive_failures > 0:
             self.sync_errors.labels(name).inc()
@@ -228,6 +263,40 @@ class Metrics:
 ServerMetrics = Metrics
 
 
+class BackendMetrics:
+    """What one backend's HTTP transports report to (``CloudAdapter.instrument``).
+
+    The transports know the cloud API they talk to, not the backend they serve; this view adds the
+    configured backend name, so two backends of one cloud keep separate series.
+    """
+
+    def __init__(self, metrics: Metrics, backend: str) -> None:
+        self._metrics = metrics
+        self.backend = backend
+
+    def observe_cloud_request(
+        self,
+        api: str,
+        endpoint: str,
+        method: str,
+        status_or_error: int | str | BaseException | None,
+        seconds: float,
+        retried: bool | int = False,
+    ) -> None:
+        self._metrics.observe_cloud_request(self.backend, api, endpoint, method, status_or_error, seconds, retried)
+
+    def set_breaker_state(self, api: str, state: int | str) -> None:
+        self._metrics.set_breaker_state(self.backend, api, state)
+
+
+def _breaker_state(state: int | str) -> str:
+    name = str(state).lower()
+    name = _BREAKER_ALIASES.get(name, name)
+    if name not in BREAKER_STATES:
+        raise ValueError(f"unknown circuit breaker state {state!r}; expected one of {', '.join(BREAKER_STATES)}")
+    return name
+
+
 def _status_label(value: int | str | BaseException | None) -> str:
     if value is None:
         return "error"
@@ -256,9 +325,9 @@ def _remove(metric: Any, *labels: str) -> None:
         metric.remove(*labels)
 
 
-class _SnapshotAgeCollector(Collector):
-    """``ca_externalgrpc_snapshot_age_seconds``, computed at scrape time so it keeps growing while
-    the cloud is down (a gauge set after each sync would freeze at the last good value)."""
+class _SnapshotCollector(Collector):
+    """``ca_externalgrpc_snapshot_age_seconds`` and ``ca_externalgrpc_snapshot_stale``, computed at scrape
+    time: a gauge set after each sync would freeze at the last good value while the cloud is down."""
 
     def __init__(self) -> None:
         self._backends: dict[str, weakref.ref[Any]] = {}
@@ -269,17 +338,25 @@ class _SnapshotAgeCollector(Collector):
             self._backends[backend.name] = weakref.ref(backend)
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return [self._family()]
+        return list(self._families())
 
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        age = GaugeMetricFamily(
             PREFIX + "snapshot_age_seconds",
             "Seconds since the snapshot being served was read from the cloud (absent before the first sync).",
             labels=("backend",),
         )
+        stale = GaugeMetricFamily(
+            PREFIX + "snapshot_stale",
+            "1 while the snapshot is older than max_staleness or no sync has succeeded yet (Refresh then "
+            "answers UNAVAILABLE and the CA pauses), else 0.",
+            labels=("backend",),
+        )
+        return age, stale
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = self._family()
+        age_family, stale_family = self._families()
         with self._lock:
             items = list(self._backends.items())
         for name, ref in items:
@@ -287,12 +364,15 @@ class _SnapshotAgeCollector(Collector):
             if backend is None:
                 continue
             try:
-                age = backend.health().age
+                health = backend.health()
             except Exception:  # a scrape must never fail because of one backend
+                log.exception("reading the health of backend %s for /metrics failed", name)
                 continue
-            if age is not None:
-                family.add_metric((name,), age)
-        yield family
+            if health.age is not None:
+                age_family.add_metric((name,), health.age)
+            stale_family.add_metric((name,), 1 if health.stale else 0)
+        yield age_family
+        yield stale_family
 
 
 # ---------------------------------------------------------------------- gRPC interceptor
@@ -362,113 +442,3 @@ def _context_code(context: Any) -> grpc.StatusCode | None:
     except Exception:
         return None
     return code if isinstance(code, grpc.StatusCode) else None
-
-
-# ---------------------------------------------------------------------- HTTP: /metrics /healthz /readyz
-
-
-class HttpEndpoint:
-    """A running probe/metrics HTTP server; ``.port`` is the bound port (useful with port 0)."""
-
-    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
-        self._httpd = httpd
-        self._thread = thread
-        self.host = httpd.server_address[0]
-        self.port = int(httpd.server_address[1])
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-
-def serve_http(
-    host: str,
-    port: int,
-    metrics: Metrics | None,
-    health_fn: Callable[[], bool] | None = None,
-    ready_fn: Callable[[], bool | tuple[bool, str]] | None = None,
-) -> HttpEndpoint:
-    """Serve /metrics, /healthz and /readyz in a daemon thread; return at once.
-
-    ``ready_fn`` may return a bool or ``(ready, reason)``; the reason is the 503 body.
-    """
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "ca-externalgrpc"
-        sys_version = ""
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                if metrics is None:
-                    self._reply(404, b"metrics disabled\n")
-                else:
-                    self._reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                ok = _call_bool(health_fn, default=True)
-                self._reply(200 if ok else 503, b"ok\n" if ok else b"shutting down\n")
-            elif path == "/readyz":
-                ok, reason = _call_ready(ready_fn)
-                body = (reason or ("ready" if ok else "not ready")).encode() + b"\n"
-                self._reply(200 if ok else 503, body)
-            else:
-                self._reply(404, b"not found: try /metrics, /healthz, /readyz\n")
-
-        def do_HEAD(self) -> None:  # noqa: N802
-            self.do_GET()
-
-        def _reply(self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server API
-            log.debug("http %s", format % args)
-
-    bind_host = host.strip("[]")
-    server_cls = _server_class(bind_host)
-    httpd = server_cls((bind_host, port), Handler)
-    thread = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="http-probes", daemon=True
-    )
-    thread.start()
-    return HttpEndpoint(httpd, thread)
-
-
-def _server_class(host: str) -> type[ThreadingHTTPServer]:
-    if ":" not in host:
-        return ThreadingHTTPServer
-    import socket
-
-    class V6Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6
-
-    return V6Server
-
-
-def _call_bool(fn: Callable[[], bool] | None, default: bool) -> bool:
-    if fn is None:
-        return default
-    try:
-        return bool(fn())
-    except Exception:
-        log.exception("health check function failed")
-        return False
-
-
-def _call_ready(fn: Callable[[], bool | tuple[bool, str]] | None) -> tuple[bool, str]:
-    if fn is None:
-        return True, "ready"
-    try:
-        result = fn()
-    except Exception as err:
-        log.exception("readiness function failed")
-        return False, f"readiness check failed: {type(err).__name__}"
-    if isinstance(result, tuple):
-        ok, reason = result
-        return bool(ok), str(reason)
-    return bool(result), ""

@@ -1,16 +1,210 @@
 """Plaintext HTTP for kubelet probes and Prometheus: /healthz, /readyz, /metrics.
 
 Kubelet probes cannot present client certificates, so they never go to the (m)TLS gRPC port.
+
+What the probes mean (docs/operations.md, "Probes"):
+
+* ``/readyz`` fails only while the server drains after SIGTERM. A stale or not-yet-synced cloud view
+  does *not* make it fail: in the Service layout an unready pod loses its Service endpoint, and the
+  CA would then see connection errors instead of the UNAVAILABLE answer of ``Refresh`` that says what
+  is wrong. The answer's body still lists every backend's state for people.
+* ``/healthz`` (liveness) fails only when the process is wedged, i.e. a restart is the cure: the gRPC
+  worker pool has not run a queued no-op for ``wedged_after`` seconds (every worker stuck), or a
+  backend's sync loop has not finished an attempt, good or bad, for twice its staleness bound (each
+  attempt is bounded by its deadline and the loop retries at least once per interval, so a loop that
+  stays silent that long has died or hangs). A failing cloud is not a reason to restart.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from server.metrics import EXPOSITION_CONTENT_TYPE, Metrics
 
-def serve_probes(host: str, port: int, running: Any) -> Any:
-    from server.metrics import serve_http
+log = logging.getLogger(__name__)
 
+#: a gRPC worker pool that has not started a queued no-op for this long is wedged. Far above any
+#: CA deadline (10 s in the manifests): every worker would have to be stuck well past it.
+WEDGED_AFTER = 60.0
+
+Check = Callable[[], tuple[bool, str]]
+
+
+class Liveness:
+    """Tells a wedged process from a busy one or one whose cloud is failing (see the module doc)."""
+
+    def __init__(
+        self,
+        executor: Executor | None,
+        wedged_after: float = WEDGED_AFTER,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._executor = executor
+        self._wedged_after = wedged_after
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._canary_queued_at: float | None = None
+        self._loops: dict[str, tuple[float, float]] = {}  # backend -> (last attempt ended, silence allowed)
+
+    def watch(self, backends: Iterable[Any]) -> None:
+        """Start watching the sync loops of ``backends`` (before their first sync)."""
+        now = self._clock()
+        with self._lock:
+            for backend in backends:
+                self._loops[backend.name] = (now, _allowed_silence(backend))
+
+    def sync_attempt_ended(self, backend: Any) -> None:
+        """Listener for ``Backend.listeners``: called after every sync attempt, good or bad."""
+        with self._lock:
+            self._loops[backend.name] = (self._clock(), _allowed_silence(backend))
+
+    def check(self) -> tuple[bool, str]:
+        """``(alive, reason)``; never blocks (a kubelet probe times out after one second by default)."""
+        now = self._clock()
+        problems = []
+        with self._lock:
+            for name, (last, allowed) in sorted(self._loops.items()):
+                if now - last > allowed:
+                    problems.append(f"{name}: the sync loop has not finished an attempt for {now - last:.0f}s")
+            queued = self._canary_queued_at
+            if queued is not None and now - queued > self._wedged_after:
+                problems.append(f"the gRPC worker pool has not run a queued task for {now - queued:.0f}s")
+            elif queued is None and self._executor is not None:
+                self._canary_queued_at = now
+                try:
+                    self._executor.submit(self._canary_ran)
+                except RuntimeError:  # shut down: the server is stopping, which is not a wedge
+                    self._canary_queued_at = None
+        if problems:
+            return False, "wedged: " + "; ".join(problems)
+        return True, "ok"
+
+    def _canary_ran(self) -> None:
+        with self._lock:
+            self._canary_queued_at = None
+
+
+def _allowed_silence(backend: Any) -> float:
+    return 2 * float(backend.settings.max_staleness)
+
+
+def readiness(draining: Callable[[], bool], backends: Iterable[Any]) -> tuple[bool, str]:
+    """``(ready, body)``: unready only while draining; the body lists each backend's sync state."""
+    states = [_backend_state(backend) for backend in backends]
+    if draining():
+        return False, "; ".join(["shutting down", *states])
+    return True, "; ".join(["ready", *states])
+
+
+def _backend_state(backend: Any) -> str:
+    h = backend.health()
+    if not h.synced:
+        return f"{backend.name}: not synced yet ({h.last_error or 'first sync pending'})"
+    if h.stale:
+        return f"{backend.name}: snapshot {h.age:.0f}s old, Refresh answers UNAVAILABLE ({h.last_error})"
+    return f"{backend.name}: snapshot {h.age:.0f}s old"
+
+
+# ---------------------------------------------------------------------- the HTTP server
+
+
+class HttpEndpoint:
+    """A running probe/metrics HTTP server; ``.port`` is the bound port (useful with port 0)."""
+
+    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.host = httpd.server_address[0]
+        self.port = int(httpd.server_address[1])
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def serve_http(host: str, port: int, metrics: Metrics | None, live: Check | None, ready: Check | None) -> HttpEndpoint:
+    """Serve /metrics, /healthz and /readyz in a daemon thread; return at once.
+
+    ``live`` and ``ready`` return ``(ok, reason)``; the reason is the body (200 or 503). A check
+    that raises answers 503 naming the exception type.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "ca-externalgrpc"
+        sys_version = ""
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                if metrics is None:
+                    self._reply(404, b"metrics disabled\n")
+                else:
+                    self._reply(200, metrics.exposition(), EXPOSITION_CONTENT_TYPE)
+            elif path in ("/healthz", "/readyz"):
+                ok, reason = _run_check(live if path == "/healthz" else ready, path)
+                self._reply(200 if ok else 503, reason.encode() + b"\n")
+            else:
+                self._reply(404, b"not found: try /metrics, /healthz, /readyz\n")
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self.do_GET()
+
+        def _reply(self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server API
+            log.debug("http %s", format % args)
+
+    bind_host = host.strip("[]")
+    httpd = _server_class(bind_host)((bind_host, port), Handler)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="http-probes", daemon=True
+    )
+    thread.start()
+    return HttpEndpoint(httpd, thread)
+
+
+def _server_class(host: str) -> type[ThreadingHTTPServer]:
+    if ":" not in host:
+        return ThreadingHTTPServer
+
+    class V6Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    return V6Server
+
+
+def _run_check(check: Check | None, path: str) -> tuple[bool, str]:
+    if check is None:
+        return True, "ok"
+    try:
+        ok, reason = check()
+    except Exception as err:
+        log.exception("the %s check failed", path)
+        return False, f"{path} check failed: {type(err).__name__}"
+    return bool(ok), str(reason)
+
+
+def serve_probes(host: str, port: int, running: Any) -> HttpEndpoint:
+    """The probe/metrics endpoint of a ``server.app.RunningServer``."""
+    backends = running.registry.backends
     return serve_http(
-        host, port, running.metrics, health_fn=lambda: not running._stopped.is_set(), ready_fn=running.ready
+        host,
+        port,
+        running.metrics,
+        live=running.liveness.check,
+        ready=lambda: readiness(running.draining, backends),
     )

@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 PROVIDER = "bizfly"
 USER_AGENT = "ca-externalgrpc-server/0.1 (bizfly)"
 KUBERNETES_ENGINE_SERVICE = "kubernetes_engine"
+# Endpoint names for metrics and messages. The Kubernetes Engine paths (/_/{cluster}/{pool}/{node})
+# say little to a person reading a dashboard, so each call is named after what it reads or writes.
+CLUSTER_ENDPOINT = "cluster"
+POOL_ENDPOINT = "worker pool"
+POOL_NODE_ENDPOINT = "worker pool node"
 # The token endpoint is retried less: a login that keeps failing must cost few requests.
 TOKEN_RETRY = RetryPolicy(attempts=2)
 
@@ -108,19 +113,19 @@ class BizflyClient:
 
     # ------------------------------------------------------------------ the four calls
     def get_cluster(self, deadline: Deadline) -> Any:
-        return self._call("GET", f"/_/{_segment(self.config.cluster_name)}", "/_/{cluster}", deadline).body
+        return self._call("GET", f"/_/{_segment(self.config.cluster_name)}", CLUSTER_ENDPOINT, deadline).body
 
     def get_pool(self, pool_id: str, deadline: Deadline) -> Any:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
-        return self._call("GET", path, "/_/{cluster}/{pool}", deadline).body
+        return self._call("GET", path, POOL_ENDPOINT, deadline).body
 
     def set_desired_size(self, pool_id: str, size: int, deadline: Deadline) -> None:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
-        self._call("PATCH", path, "/_/{cluster}/{pool}", deadline, json_body={"desired_size": int(size)})
+        self._call("PATCH", path, POOL_ENDPOINT, deadline, json_body={"desired_size": int(size)})
 
     def delete_node(self, pool_id: str, node_id: str, deadline: Deadline) -> None:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}/{_segment(node_id)}"
-        self._call("DELETE", path, "/_/{cluster}/{pool}/{node}", deadline)
+        self._call("DELETE", path, POOL_NODE_ENDPOINT, deadline)
 
     # ------------------------------------------------------------------ plumbing
     def _call(self, method: str, path: str, endpoint: str, deadline: Deadline, json_body: Any = None) -> Any:

@@ -13,6 +13,7 @@ import yaml
 
 from server.config import parse_address
 from tests.deploy.rendering import (
+    KUBERNETES,
     OVERLAYS,
     container,
     mounted_volume,
@@ -176,13 +177,23 @@ def test_probes_hit_the_servers_http_port_on_an_address_the_kubelet_can_reach(ov
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_server_reads_credentials_from_the_secret_the_overlay_ships(overlay: str) -> None:
+def test_server_reads_credentials_from_a_secret_the_tree_does_not_ship(overlay: str) -> None:
+    """`kubectl apply -k` must never overwrite the operator's real Secret with example values."""
     docs = render(overlay)
     ctr = container(_server_deployment(overlay), "ca-externalgrpc")
     names = [ref["secretRef"]["name"] for ref in ctr["envFrom"]]
     assert names == ["ca-externalgrpc-credentials"]
-    secret = one(docs, "Secret", "ca-externalgrpc-credentials")
-    assert secret["stringData"], "the Secret template must list the variables to fill in"
+    assert not list(objects(docs, "Secret")), "a kustomize tree applied by default ships no Secret"
+    example = KUBERNETES / _credentials_example(overlay)
+    keys = [line.split("=", 1)[0] for line in example.read_text().splitlines() if line and not line.startswith("#")]
+    assert keys, f"{example} must list the keys of the Secret to create"
+    server_backends = _server_config(overlay)["backends"]
+    assert all(b.get(b["type"]) == {} for b in server_backends), "credentials come only from the Secret"
+
+
+def _credentials_example(overlay: str) -> str:
+    """Where the keys of the Secret an overlay needs are listed."""
+    return {"overlays/mtls-service": "server-mtls"}.get(overlay, overlay) + "/credentials.env.example"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -198,6 +209,7 @@ def test_ca_runs_a_tested_release_with_the_externalgrpc_provider(overlay: str) -
     assert tag in TESTED_CA_TAGS
     args = ctr["args"]
     assert _flag(args, "cloud-provider") == "externalgrpc"
+    assert _flag(args, "logging-format") == "json", "the same JSON log lines as the server's"
     cloud_config = _flag(args, "cloud-config")
     assert cloud_config is not None
     directory, key = cloud_config.rsplit("/", 1)
@@ -253,6 +265,24 @@ def test_sidecar_ca_dials_the_server_in_its_own_pod_over_loopback(overlay: str) 
     assert _server_deployment(overlay)["metadata"]["name"] == "cluster-autoscaler"
 
 
+@pytest.mark.parametrize("overlay", SIDECAR_OVERLAYS)
+def test_sidecar_pod_is_scraped_on_the_servers_port_and_has_a_metrics_service(overlay: str) -> None:
+    """The pod's scrape annotations and the ServiceMonitor's Service point at the server's /metrics."""
+    docs = render(overlay)
+    deployment = _server_deployment(overlay)
+    ctr = container(deployment, "ca-externalgrpc")
+    http_port = parse_address("http_listen", _server_config(overlay)["http_listen"])[1]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(http_port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    service = one(docs, "Service", "ca-externalgrpc-metrics")
+    assert service["metadata"]["labels"]["ca-externalgrpc/metrics"] == "true"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "server-metrics" and _port_number(ctr, port["targetPort"]) == http_port
+
+
 @pytest.mark.parametrize(("overlay", "cloud"), [("overlays/scaleway", "scaleway"), ("overlays/bizfly", "bizfly")])
 def test_cloud_overlay_configures_one_backend_of_its_cloud(overlay: str, cloud: str) -> None:
     backends = _server_config(overlay)["backends"]
@@ -275,6 +305,21 @@ def test_mtls_service_ca_pod_has_no_sidecar() -> None:
     assert names == ["cluster-autoscaler"]
     volumes = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes == {"cloud-config", "client-cert"}
+    # Annotation-based scraping reads one port per pod: with no server here, the CA's.
+    assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "8085"
+
+
+@pytest.mark.parametrize("overlay", ["overlays/mtls-service", "server-mtls"])
+def test_mtls_server_metrics_are_scraped_from_its_pod_and_its_service(overlay: str) -> None:
+    docs = render(overlay)
+    server = one(docs, "Deployment", "ca-externalgrpc-server")
+    ctr = container(server, "ca-externalgrpc")
+    http_port = parse_address("http_listen", _server_config(overlay)["http_listen"])[1]
+    assert server["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(http_port)
+    service = one(docs, "Service", "ca-externalgrpc-server")
+    assert service["metadata"]["labels"]["ca-externalgrpc/metrics"] == "true"
+    metrics_port = next(p for p in service["spec"]["ports"] if p["name"] == "server-metrics")
+    assert _port_number(ctr, metrics_port["targetPort"]) == http_port
 
 
 @pytest.mark.parametrize("overlay", ["overlays/mtls-service", "server-mtls"])

@@ -8,15 +8,15 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from devstack.certs import make_pki
-from tests.deploy.rendering import OVERLAYS, REPO, one, render
+from tests.deploy.chart import CHARTS, ChartSource, helm_template
+from tests.deploy.rendering import DEPLOY, KUBERNETES, OVERLAYS, REPO, one, render
 
-#: Values standing in for the placeholders of the Secret templates (``"<...>"``). Values that are
+#: Values standing in for the placeholders of credentials.env.example (``<...>``). Values that are
 #: not placeholders (regions, the auth method) are used as written, so they get validated too.
 _DUMMIES = {
     "SCW_SECRET_KEY": str(uuid.UUID(int=1)),
@@ -49,8 +49,11 @@ def _validate(config: Path, cloud_config: Path, env: dict[str, str], *options: s
     )
 
 
-def _secret_env(docs: Any) -> dict[str, str]:
-    data = one(docs, "Secret", "ca-externalgrpc-credentials")["stringData"]
+def _secret_env(overlay: str) -> dict[str, str]:
+    """The environment the pod gets from the Secret made from the overlay's credentials.env.example."""
+    directory = {"overlays/mtls-service": "server-mtls"}.get(overlay, overlay)
+    lines = (KUBERNETES / directory / "credentials.env.example").read_text().splitlines()
+    data = dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
     env = {}
     for key, value in data.items():
         if value.startswith("<") and value.endswith(">"):
@@ -89,7 +92,7 @@ def test_rendered_configs_pass_validate_with_the_secret_environment(overlay: str
     config, cloud_config = _write_rendered(overlay, tmp_path)
     if "tls" in yaml.safe_load(config.read_text()):
         _point_tls_at_test_certificates(config, cloud_config, tmp_path)
-    result = _validate(config, cloud_config, _secret_env(render(overlay)))
+    result = _validate(config, cloud_config, _secret_env(overlay))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{config}: OK" in result.stdout
     assert f"{cloud_config}: OK" in result.stdout
@@ -110,7 +113,7 @@ def test_rendered_config_is_rejected_without_its_secret(overlay: str, tmp_path: 
 def test_mtls_configs_are_rejected_when_the_certificate_files_are_not_mounted(tmp_path: Path) -> None:
     """The server and the CA both stop at start-up on a missing certificate file, so validate says so."""
     config, cloud_config = _write_rendered("server-mtls", tmp_path)
-    result = _validate(config, cloud_config, _secret_env(render("server-mtls")))
+    result = _validate(config, cloud_config, _secret_env("server-mtls"))
     assert result.returncode == 1
     assert "tls.cert: file /etc/ca-externalgrpc/tls/tls.crt does not exist" in result.stdout
     assert f"{cloud_config}: INVALID: 'cert': file /etc/ssl/client-cert/tls.crt does not exist" in result.stdout
@@ -125,3 +128,17 @@ def test_rendered_configs_pass_validate_offline_without_any_secret(overlay: str,
     assert f"{config}: OK (offline: shape only)" in result.stdout
     assert f"{cloud_config}: OK (offline: shape only)" in result.stdout
     assert "not checked: backends[0]." in result.stdout
+
+
+@pytest.mark.parametrize("source", CHARTS, ids=lambda s: s.label)
+def test_helm_sidecar_configs_pass_validate_with_the_secret_environment(source: ChartSource, tmp_path: Path) -> None:
+    """The server config and the CA cloud-config that values-sidecar.yaml puts in extraObjects."""
+    docs = helm_template(source, (DEPLOY / "helm" / "values-sidecar.yaml",), "1.34.0")
+    config = tmp_path / "config.yaml"
+    config.write_text(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])
+    cloud_config = tmp_path / "cloud-config"
+    cloud_config.write_text(one(docs, "ConfigMap", "cluster-autoscaler-cloud-config")["data"]["cloud-config"])
+    result = _validate(config, cloud_config, _secret_env("overlays/scaleway"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{config}: OK: listen 127.0.0.1:8086 (plaintext)" in result.stdout
+    assert f"{cloud_config}: OK" in result.stdout

@@ -834,7 +834,7 @@ def test_min_and_max_come_from_the_cluster_entry(make: Any) -> None:
     assert (backend.group(POOL).min_size, backend.group(POOL).max_size) == (1, 10)
 
 
-def test_every_cloud_call_is_reported_to_the_metrics_with_route_templates(make: Any) -> None:
+def test_every_cloud_call_is_reported_to_the_metrics_with_endpoint_names(make: Any) -> None:
     from prometheus_client import CollectorRegistry
 
     from server.metrics import Metrics
@@ -842,7 +842,7 @@ def test_every_cloud_call_is_reported_to_the_metrics_with_route_templates(make: 
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     _, backend = make()
-    backend.adapter.instrument(metrics)  # before the first call: the API transport is created lazily
+    backend.adapter.instrument(metrics.for_backend("bfly"))  # before the first call: the API transport is lazy
     sync(backend)
 
     def count(provider: str, endpoint: str, method: str) -> float:
@@ -851,13 +851,14 @@ def test_every_cloud_call_is_reported_to_the_metrics_with_route_templates(make: 
             for fam in registry.collect()
             for s in fam.samples
             if s.name.endswith("_total")
-            and s.labels.get("provider") == provider
+            and s.labels.get("api") == provider
+            and s.labels.get("backend") == "bfly"
             and s.labels.get("endpoint") == endpoint
             and s.labels.get("method") == method
         ]
         return sum(samples)
 
-    assert count("bizfly", "/_/{cluster}", "GET") == 1
-    assert count("bizfly", "/_/{cluster}/{pool}", "GET") == 1
+    assert count("bizfly", "cluster", "GET") == 1
+    assert count("bizfly", "worker pool", "GET") == 1
     assert count("bizfly-token", "/token", "POST") == 1
     assert count("bizfly-catalog", "/api/auth/service", "GET") == 1

@@ -1,14 +1,15 @@
-"""server.logs: JSON lines with the documented fields, a text format, and secrets never written."""
+"""server.logs: Kubernetes structured-logging JSON lines, a text format, and secrets never written."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import time
 
 import pytest
 
-from server.logs import MASK, clear_registered_secrets, configure_logging, redact, register_secret
+from server.logs import MASK, clear_registered_secrets, configure_logging, kubernetes_key, redact, register_secret
 
 
 @pytest.fixture
@@ -31,9 +32,9 @@ def lines(stream: io.StringIO) -> list[dict]:
     return [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
 
 
-def test_json_line_has_ts_level_logger_msg_and_extra_fields(capture):
+def test_json_line_has_the_kubernetes_fields_and_camel_case_extra_fields(capture):
     out = capture("json")
-    logging.getLogger("server.service").info(
+    logging.getLogger("server.rpc").info(
         "scaled %s",
         "up",
         extra={
@@ -47,23 +48,38 @@ def test_json_line_has_ts_level_logger_msg_and_extra_fields(capture):
         },
     )
     (doc,) = lines(out)
+    assert list(doc)[:5] == ["ts", "caller", "logger", "msg", "v"]
     assert doc["msg"] == "scaled up"
-    assert doc["level"] == "info"
-    assert doc["logger"] == "server.service"
-    assert doc["ts"].endswith("Z") and "T" in doc["ts"]
-    assert doc["delta"] == 2 and doc["duration_ms"] == 12.5
-    for key in ("grpc_method", "grpc_code", "node_group", "backend", "result"):
+    assert doc["v"] == 0
+    assert doc["logger"] == "server.rpc"
+    assert doc["caller"].startswith("unit/test_logs.py:")
+    assert doc["delta"] == 2 and doc["durationMs"] == 12.5
+    assert doc["grpcMethod"] == "NodeGroupIncreaseSize" and doc["nodeGroup"] == "pool-a"
+    for key in ("grpcCode", "backend", "result"):
         assert key in doc
+    assert "level" not in doc and "grpc_method" not in doc
 
 
-def test_json_timestamp_is_rfc3339(capture):
-    import datetime as dt
-
+def test_json_timestamp_is_unix_milliseconds(capture):
     out = capture("json")
+    before = time.time() * 1000
     logging.getLogger("x").warning("w")
+    after = time.time() * 1000
     ts = lines(out)[0]["ts"]
-    parsed = dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    assert parsed.tzinfo is not None
+    assert isinstance(ts, float) and before - 1 <= ts <= after + 1
+
+
+def test_verbosity_follows_klog_info_is_0_debug_is_4_errors_have_none(capture):
+    out = capture("json", "debug")
+    log = logging.getLogger("x")
+    log.debug("d")
+    log.info("i")
+    log.warning("w")
+    log.error("e", extra={"error": "cloud said no"})
+    docs = {d["msg"]: d for d in lines(out)}
+    assert (docs["d"]["v"], docs["i"]["v"], docs["w"]["v"]) == (4, 0, 0)
+    assert "v" not in docs["e"]
+    assert docs["e"]["err"] == "cloud said no"
 
 
 def test_every_line_is_valid_json_even_with_exceptions_and_odd_values(capture):
@@ -75,7 +91,8 @@ def test_every_line_is_valid_json_even_with_exceptions_and_odd_values(capture):
         log.exception("failed", extra={"obj": object(), "items": [1, "a"]})
     docs = lines(out)
     assert len(docs) == 1
-    assert "RuntimeError" in docs[0]["exc"]
+    assert docs[0]["err"] == "RuntimeError: boom\nwith newline"
+    assert "Traceback" in docs[0]["stacktrace"] and "v" not in docs[0]
 
 
 def test_level_filters_debug(capture):
@@ -133,7 +150,7 @@ def test_extra_field_with_secret_name_is_masked_whole(capture):
     out = capture("json")
     logging.getLogger("x").info("cfg", extra={"secret_key": "zzzz-yyyy", "password": "pw-1234"})
     doc = lines(out)[0]
-    assert doc["secret_key"] == MASK and doc["password"] == MASK
+    assert doc["secretKey"] == MASK and doc["password"] == MASK
 
 
 def test_text_format_masks_secrets_too(capture):
@@ -155,3 +172,26 @@ def test_bad_format_or_level_is_rejected():
         configure_logging("xml", "info", stream=io.StringIO())
     with pytest.raises(ValueError):
         configure_logging("json", "loud", stream=io.StringIO())
+
+
+@pytest.mark.parametrize(
+    "name, key",
+    [
+        ("grpc_method", "grpcMethod"),
+        ("node_group", "nodeGroup"),
+        ("backend", "backend"),
+        ("error", "err"),
+        ("snapshot_age_s", "snapshotAgeSeconds"),
+        ("duration_ms", "durationMs"),
+    ],
+)
+def test_extra_field_names_become_kubernetes_keys(name, key):
+    assert kubernetes_key(name) == key
+
+
+def test_an_extra_field_never_replaces_a_top_level_field(capture):
+    out = capture("json")
+    logging.getLogger("x").info("real", extra={"ts": "fake", "caller": "fake", "v": 9})
+    doc = lines(out)[0]
+    assert doc["msg"] == "real" and isinstance(doc["ts"], float) and doc["v"] == 0
+    assert doc["caller"] != "fake"

@@ -1,7 +1,9 @@
-"""server.metrics: gRPC interceptor codes, cloud/backend metrics, and the probe HTTP endpoint."""
+"""server.metrics and server.probes: gRPC interceptor codes, cloud/backend metrics, standard process
+metrics, and the probe HTTP endpoint with its liveness and readiness decisions."""
 
 from __future__ import annotations
 
+import threading
 import urllib.error
 import urllib.request
 from concurrent import futures
@@ -10,7 +12,8 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from server.metrics import Metrics, MetricsInterceptor, serve_http
+from server.metrics import Metrics, MetricsInterceptor
+from server.probes import Liveness, readiness, serve_http
 
 SERVICE = "test.Echo"
 
@@ -106,36 +109,65 @@ def test_two_metrics_objects_do_not_share_a_registry():
 
 
 def test_observe_cloud_request_counts_status_duration_and_retries():
-    m = Metrics()
-    m.observe_cloud_request("scaleway", "/k8s/v1/regions/{region}/pools", "get", 200, 0.12, False)
-    m.observe_cloud_request("scaleway", "/k8s/v1/regions/{region}/pools", "GET", 503, 0.3, True)
-    m.observe_cloud_request("scaleway", "/k8s/v1/regions/{region}/pools", "GET", TimeoutError(), 5.0, 2)
+    metrics = Metrics()
+    m = metrics.for_backend("scw-par")
     ep = "/k8s/v1/regions/{region}/pools"
+    m.observe_cloud_request("scaleway", ep, "get", 200, 0.12, False)
+    m.observe_cloud_request("scaleway", ep, "GET", 503, 0.3, True)
+    m.observe_cloud_request("scaleway", ep, "GET", TimeoutError(), 5.0, 2)
     name = "ca_externalgrpc_cloud_api_requests_total"
-    assert value(m, name, provider="scaleway", endpoint=ep, method="GET", status="200") == 1
-    assert value(m, name, provider="scaleway", endpoint=ep, method="GET", status="503") == 1
-    assert value(m, name, provider="scaleway", endpoint=ep, method="GET", status="TimeoutError") == 1
-    assert value(m, "ca_externalgrpc_cloud_api_retries_total", provider="scaleway", endpoint=ep) == 2
-    assert (
-        value(
-            m,
-            "ca_externalgrpc_cloud_api_request_duration_seconds_count",
-            provider="scaleway",
-            endpoint=ep,
-            method="GET",
-        )
-        == 3
-    )
+    labels = {"backend": "scw-par", "api": "scaleway", "endpoint": ep, "method": "GET"}
+    assert value(metrics, name, **labels, status="200") == 1
+    assert value(metrics, name, **labels, status="503") == 1
+    assert value(metrics, name, **labels, status="TimeoutError") == 1
+    retries = value(metrics, "ca_externalgrpc_cloud_api_retries_total", backend="scw-par", api="scaleway", endpoint=ep)
+    assert retries == 2
+    assert value(metrics, "ca_externalgrpc_cloud_api_request_duration_seconds_count", **labels) == 3
 
 
-def test_breaker_state_gauge_accepts_names_and_numbers():
+def test_two_backends_of_one_cloud_keep_separate_series():
     m = Metrics()
-    m.set_breaker_state("bizfly", "open")
-    assert value(m, "ca_externalgrpc_cloud_api_circuit_breaker_state", provider="bizfly") == 2
-    m.set_breaker_state("bizfly", "half-open")
-    assert value(m, "ca_externalgrpc_cloud_api_circuit_breaker_state", provider="bizfly") == 1
-    m.set_breaker_state("bizfly", 0)
-    assert value(m, "ca_externalgrpc_cloud_api_circuit_breaker_state", provider="bizfly") == 0
+    m.for_backend("scw-par").observe_cloud_request("scaleway", "pools", "GET", 429, 0.1)
+    m.for_backend("scw-ams").observe_cloud_request("scaleway", "pools", "GET", 200, 0.1)
+    name = "ca_externalgrpc_cloud_api_requests_total"
+    common = {"api": "scaleway", "endpoint": "pools", "method": "GET"}
+    assert value(m, name, backend="scw-par", **common, status="429") == 1
+    assert value(m, name, backend="scw-ams", **common, status="429") is None
+    assert value(m, name, backend="scw-ams", **common, status="200") == 1
+
+
+def test_breaker_state_is_one_series_per_state_with_the_current_one_at_1():
+    m = Metrics()
+    view = m.for_backend("bfly")
+    name = "ca_externalgrpc_cloud_api_circuit_breaker_state"
+
+    def states() -> dict[str, float | None]:
+        return {s: value(m, name, backend="bfly", api="bizfly", state=s) for s in ("closed", "half-open", "open")}
+
+    view.set_breaker_state("bizfly", "open")
+    assert states() == {"closed": 0, "half-open": 0, "open": 1}
+    view.set_breaker_state("bizfly", "half-open")
+    assert states() == {"closed": 0, "half-open": 1, "open": 0}
+    view.set_breaker_state("bizfly", "closed")
+    assert states() == {"closed": 1, "half-open": 0, "open": 0}
+    with pytest.raises(ValueError, match="unknown circuit breaker state"):
+        view.set_breaker_state("bizfly", "ajar")
+
+
+def test_exposition_has_process_metrics_build_info_and_no_created_series():
+    m = Metrics()
+    m.scale_action("scw", "pool-a", "increase", "ok")
+    m.for_backend("scw").observe_cloud_request("scaleway", "pools", "GET", 200, 0.1)
+    text = m.exposition().decode()
+    assert "process_resident_memory_bytes " in text
+    assert "process_cpu_seconds_total " in text
+    assert "process_open_fds " in text
+    assert "python_info{" in text
+    info = [line for line in text.splitlines() if line.startswith("ca_externalgrpc_build_info{")]
+    assert len(info) == 1 and info[0].endswith(" 1.0")
+    for label in ("version=", "python=", "grpcio="):
+        assert label in info[0]
+    assert "_created" not in text
 
 
 # ---------------------------------------------------------------------- backend listener
@@ -205,6 +237,7 @@ def test_observe_backend_sets_group_gauges_and_instance_states():
     assert value(m, "ca_externalgrpc_node_group_instances", **g, state="error") == 1
     assert value(m, "ca_externalgrpc_node_group_instances", **g, state="deleting") == 0
     assert value(m, "ca_externalgrpc_snapshot_age_seconds", backend="scw") == 3.0
+    assert value(m, "ca_externalgrpc_snapshot_stale", backend="scw") == 0
     assert value(m, "ca_externalgrpc_last_sync_success_timestamp_seconds", backend="scw") > 0
 
 
@@ -225,8 +258,17 @@ def test_failed_sync_counts_an_error_and_keeps_age_growing():
     b.h = FakeHealth(age=120.0, last_error="cloud down", consecutive_failures=1)
     m.observe_backend(b)
     assert value(m, "ca_externalgrpc_sync_errors_total", backend="bfly") == 1
-    b.h = FakeHealth(age=180.0, last_error="cloud down", consecutive_failures=1)
+    b.h = FakeHealth(age=180.0, stale=True, last_error="cloud down", consecutive_failures=1)
     assert value(m, "ca_externalgrpc_snapshot_age_seconds", backend="bfly") == 180.0  # read at scrape
+    assert value(m, "ca_externalgrpc_snapshot_stale", backend="bfly") == 1
+
+
+def test_watched_backend_reports_stale_before_its_first_sync():
+    m = Metrics()
+    b = FakeBackend("scw", h=FakeHealth(synced=False, age=None, stale=True))
+    m.watch_backends([b])
+    assert value(m, "ca_externalgrpc_snapshot_stale", backend="scw") == 1
+    assert value(m, "ca_externalgrpc_snapshot_age_seconds", backend="scw") is None
 
 
 def test_scale_action_accepts_backend_object_or_name():
@@ -255,40 +297,130 @@ def get(url: str) -> tuple[int, str]:
 def test_http_serves_metrics_healthz_and_readyz():
     m = Metrics()
     m.scale_action("scw", "pool-a", "increase", "ok")
-    state = {"ready": (False, "scw: not synced yet")}
-    endpoint = serve_http("127.0.0.1", 0, m, health_fn=lambda: True, ready_fn=lambda: state["ready"])
+    state = {"live": (True, "ok"), "ready": (False, "shutting down")}
+    endpoint = serve_http("127.0.0.1", 0, m, live=lambda: state["live"], ready=lambda: state["ready"])
     try:
         base = f"http://127.0.0.1:{endpoint.port}"
         status, body = get(base + "/metrics")
         assert status == 200 and "ca_externalgrpc_scale_actions_total" in body
-        assert get(base + "/healthz")[0] == 200
-        assert get(base + "/readyz") == (503, "scw: not synced yet\n")
+        assert get(base + "/healthz") == (200, "ok\n")
+        assert get(base + "/readyz") == (503, "shutting down\n")
         state["ready"] = (True, "ready")
         assert get(base + "/readyz")[0] == 200
+        state["live"] = (False, "wedged: x")
+        assert get(base + "/healthz") == (503, "wedged: x\n")
         assert get(base + "/nope")[0] == 404
     finally:
         endpoint.stop()
 
 
-def test_readyz_accepts_plain_bool_and_survives_exceptions():
+def test_a_check_that_raises_answers_503_naming_the_exception():
     def broken():
         raise RuntimeError("x")
 
-    endpoint = serve_http("127.0.0.1", 0, None, ready_fn=broken)
+    endpoint = serve_http("127.0.0.1", 0, None, live=broken, ready=broken)
     try:
         status, body = get(f"http://127.0.0.1:{endpoint.port}/readyz")
         assert status == 503 and "RuntimeError" in body
-    finally:
-        endpoint.stop()
-    endpoint = serve_http("127.0.0.1", 0, None, ready_fn=lambda: True)
-    try:
-        assert get(f"http://127.0.0.1:{endpoint.port}/readyz")[0] == 200
+        assert get(f"http://127.0.0.1:{endpoint.port}/healthz")[0] == 503
     finally:
         endpoint.stop()
 
 
 def test_metrics_output_contains_no_label_value_we_did_not_give():
     m = Metrics()
-    m.observe_cloud_request("bizfly", "/_/{cluster}", "GET", 401, 0.1, False)
+    m.observe_cloud_request("bfly", "bizfly", "worker pool", "GET", 401, 0.1, False)
     text = m.exposition().decode()
     assert "X-Auth-Token" not in text and "password" not in text
+
+
+# ---------------------------------------------------------------------- readiness and liveness decisions
+
+
+@dataclass
+class FakeSettings:
+    max_staleness: float = 600.0
+
+
+@dataclass
+class WatchedBackend(FakeBackend):
+    settings: FakeSettings = field(default_factory=FakeSettings)
+
+
+def test_readiness_stays_ready_while_the_snapshot_is_stale_or_not_synced_yet():
+    """In the Service layout an unready pod loses its endpoint: the CA must keep reaching Refresh."""
+    backends = [
+        FakeBackend("scw", h=FakeHealth(synced=False, age=None, stale=True, last_error="first sync pending")),
+        FakeBackend("bfly", h=FakeHealth(age=900.0, stale=True, last_error="503 from the cloud")),
+    ]
+    ready, body = readiness(lambda: False, backends)
+    assert ready
+    assert "scw: not synced yet" in body and "bfly: snapshot 900s old, Refresh answers UNAVAILABLE" in body
+
+
+def test_readiness_fails_while_draining():
+    ready, body = readiness(lambda: True, [FakeBackend("scw")])
+    assert not ready and body.startswith("shutting down")
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class HeldExecutor:
+    """An executor whose workers are all stuck: submitted tasks wait until released."""
+
+    def __init__(self) -> None:
+        self.queued: list = []
+
+    def submit(self, fn):
+        self.queued.append(fn)
+
+    def run_queued(self) -> None:
+        while self.queued:
+            self.queued.pop(0)()
+
+
+def test_liveness_tolerates_a_busy_pool_and_fails_when_it_stays_wedged():
+    clock, pool = ManualClock(), HeldExecutor()
+    live = Liveness(pool, wedged_after=60.0, clock=clock)
+    assert live.check() == (True, "ok")  # queues a canary
+    clock.now += 59
+    assert live.check()[0], "busy for less than the bound is not wedged"
+    assert len(pool.queued) == 1, "one canary at a time"
+    clock.now += 2
+    alive, reason = live.check()
+    assert not alive and "gRPC worker pool has not run a queued task for 61s" in reason
+    pool.run_queued()
+    assert live.check()[0]
+
+
+def test_liveness_fails_when_a_sync_loop_stops_finishing_attempts_not_when_the_cloud_fails():
+    clock = ManualClock()
+    live = Liveness(None, clock=clock)
+    failing = WatchedBackend("scw", h=FakeHealth(stale=True, consecutive_failures=5))
+    live.watch([failing])
+    for _ in range(30):  # a failing cloud: attempts keep ending, with errors
+        clock.now += 60
+        live.sync_attempt_ended(failing)
+        assert live.check()[0]
+    clock.now += 1201  # silent for more than twice max_staleness (600 s)
+    alive, reason = live.check()
+    assert not alive and "scw: the sync loop has not finished an attempt for 1201s" in reason
+
+
+def test_liveness_on_a_real_thread_pool_recovers_once_the_stuck_worker_is_released():
+    clock, release = ManualClock(), threading.Event()
+    with futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(release.wait, 10)  # the only worker is stuck
+        live = Liveness(pool, wedged_after=60.0, clock=clock)
+        assert live.check()[0]  # queues the canary behind the stuck task
+        clock.now += 61
+        assert not live.check()[0]
+        release.set()
+        pool.submit(lambda: None).result(timeout=5)  # FIFO: the canary has run by now
+        assert live.check()[0]
