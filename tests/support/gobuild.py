@@ -323,7 +323,7 @@ def _reproduce_command(binary: Binary, output: str = "/dev/null") -> str:
 
 def _failure_hint(binary: Binary, output: str) -> str:
     """The command most likely to fix a failed build, from go's own words."""
-    env_prefix = 'eval "$(python -m tests.support.gobuild --print-env)" && '
+    env_prefix = 'eval "$(.venv/bin/python -m tests.support.gobuild --print-env)" && '
     if re.search(r"requires go >= |go: downloading go1\.|toolchain not available", output):
         return f"install a newer Go: {go_install_hint()}"
     if any(module in output for module in PROXY_MODULES) and re.search(r"not found|unknown revision|404", output):
