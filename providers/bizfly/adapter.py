@@ -1,6 +1,6 @@
 """``BizflyAdapter``: Bizfly Kubernetes Engine worker pools as node groups.
 
-Facts followed (reference/bizfly-api.md section 4): a node group is a worker pool with
+Facts followed (docs/bizfly.md, "Node groups" and "Instances"): a node group is a worker pool with
 ``enable_autoscaling`` true in the cluster GET; its min/max come from that cluster GET entry (that is
 where upstream reads them), its target from the pool GET's ``desired_size``; an instance id is
 ``bizflycloud://<physical_id>`` (what the Bizfly CCM puts in ``spec.providerID``).
@@ -60,7 +60,7 @@ def _int_field(body: Mapping[str, Any], key: str, what: str, default: int | None
     value = body.get(key, default)
     if value is None and default is not None:
         return default
-    # Upstream decodes with Go: a string or a float here is an error, not a guess (reference section 3).
+    # Upstream decodes with Go: a string or a float here is an error, not a guess.
     if isinstance(value, bool) or not isinstance(value, int):
         raise CloudUnavailable(
             f"malformed answer from the bizfly API: {what} field {key!r} is {value!r}, expected an integer"
@@ -231,7 +231,7 @@ class BizflyAdapter(CloudAdapter):
                 if err.status != 404:
                     raise self._rejected(err, group, f"delete node {node_id}") from None
                 if position + 1 < len(candidates):
-                    # The label may carry another id than the API's node id (reference section 8.2): try
+                    # The label may carry another id than the API's node id (docs/bizfly.md, "Endpoints used"): try
                     # the id the pool itself lists for this providerID before concluding it is gone.
                     log.warning(
                         "node id from the label is unknown to the API; retrying with the pool's node id",

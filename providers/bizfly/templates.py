@@ -1,7 +1,7 @@
 """Scale-from-zero node templates for Bizfly worker pools.
 
 Upstream has no template at all, so the CA can never scale a Bizfly pool up from 0 nodes
-(reference/bizfly-api.md section 4, ecosystem-and-peers.md section 3.4). A template is built here
+(docs/bizfly.md, "Templates"). A template is built here
 from, in increasing priority:
 
 1. well-known labels: ``kubernetes.io/os=linux``, ``kubernetes.io/arch=amd64``,

@@ -1,6 +1,6 @@
 """Kapsule pools as node groups: the Scaleway ``CloudAdapter``.
 
-Only what is Scaleway-specific lives here (reference/scaleway-api.md section 3): which pools are
+Only what is Scaleway-specific lives here (docs/scaleway.md): which pools are
 groups, how nodes map to instances, how a size is written and a node deleted, templates and prices.
 Delta and min/max checks, pending changes, locking and syncing are the shared ``Backend``'s.
 
@@ -42,10 +42,10 @@ def synthetic_id(node: Node) -> str:
     """Instance id for a node whose ``provider_id`` is still empty (or duplicated).
 
     Upstream keys nodes by ``provider_id``, so several nodes being created collapse into one map entry
-    and the CA under-counts upcoming nodes (reference section 2.3). We give such a node an id built
-    from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
-    unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` provider id. The CA
-    sees it as an upcoming instance; when the machine registers, the real provider id replaces it.
+    and the CA under-counts upcoming nodes (docs/scaleway.md, "Instances"). We give such a node an id
+    built from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
+    unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` providerID. The CA
+    sees it as an upcoming instance; when the machine registers, the real providerID replaces it.
     A DeleteNodes for it (the CA's fake node of an unregistered instance carries this id) still works
     because deletion uses the node id, kept as ``Instance.cloud_id``.
     """
@@ -53,7 +53,7 @@ def synthetic_id(node: Node) -> str:
 
 
 def debug_line(pool: Pool) -> str:
-    """Upstream ``Debug()`` format (reference section 3)."""
+    """The pool summary in the format of the CA's own Scaleway provider (its ``Debug()``)."""
     return (
         f"id:{pool.id},status:{pool.status},version:{pool.version},autoscaling:{str(pool.autoscaling).lower()},"
         f"size:{pool.size},min_size:{pool.min_size},max_size:{pool.max_size}"
@@ -111,7 +111,7 @@ def to_group(pool: Pool, nodes: Iterable[Node], region: str) -> GroupState:
 
 
 def to_groups(pools: Iterable[Pool], nodes: Iterable[Node], region: str) -> tuple[GroupState, ...]:
-    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (upstream P:288-312)."""
+    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (docs/scaleway.md)."""
     autoscaled = {pool.id: pool for pool in pools if pool.autoscaling}
     by_pool: dict[str, list[Node]] = {pool_id: [] for pool_id in autoscaled}
     for node in nodes:
@@ -244,7 +244,7 @@ class ScalewayAdapter(CloudAdapter):
         return node_price(group.price_per_hour, start, end)
 
     def pod_price(self, pod_bytes: bytes, start: dt.datetime, end: dt.datetime) -> float:
-        # Upstream PodPrice is always 0 (reference section 3, Pricing): Kapsule bills nodes, not pods.
+        # Kapsule bills nodes, not pods: a pod's price is 0, as in the CA's own Scaleway provider.
         return 0.0
 
     # ------------------------------------------------------------------ plumbing

@@ -1,6 +1,6 @@
 """Scaleway Kapsule API client: the private ``/k8s/v1/regions/{region}/autoscaler/`` endpoints.
 
-These are the endpoints the upstream provider uses (reference/scaleway-api.md section 2): they carry
+These are the endpoints the CA's own Scaleway provider uses (docs/scaleway.md, "Endpoints used"): they carry
 the per-pool template data (capacity, allocatable, labels, taints as a map, hourly price) that the
 public pool API lacks. This module only speaks HTTP and turns JSON into frozen records; the
 node-group logic lives in ``adapter.py``.
@@ -41,7 +41,7 @@ NODE_ROUTE = "/k8s/v1/regions/{region}/autoscaler/nodes/{node_id}"
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """One Kapsule pool as the autoscaler endpoint describes it (reference section 2.1)."""
+    """One Kapsule pool as the autoscaler endpoint describes it."""
 
     id: str
     name: str
@@ -62,7 +62,7 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One Kapsule node (reference section 2.3). ``provider_id`` may be empty while it is created."""
+    """One Kapsule node. ``provider_id`` may be empty while it is created."""
 
     id: str
     pool_id: str
@@ -99,7 +99,7 @@ def parse_cache_control(value: str | None) -> float | None:
 
 
 def scaleway_error_message(status: int, body: Any) -> str:
-    """Turn a Scaleway JSON error body into one readable line (reference section 5)."""
+    """Turn a Scaleway JSON error body (``{"message", "type", ...}``) into one readable line."""
     if not isinstance(body, Mapping):
         return str(body)[:300] if body else ""
     message = str(body.get("message") or "").strip()

@@ -1,9 +1,10 @@
 """Scale-from-zero templates for Kapsule pools: labels, taints and resources from the pool record.
 
 Units: the autoscaler endpoint's ``capacity``/``allocatable`` are WHOLE units, as upstream decodes
-them (``resource.NewQuantity(v, DecimalSI)``, reference section 3 TemplateNodeInfo and open question
-2): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes, ``pods`` and GPU resources as
-counts. They become Kubernetes quantity strings unchanged ("4", "17179869184"); no unit is guessed.
+them (``resource.NewQuantity(v, DecimalSI)``; Scaleway has not confirmed the unit, see
+docs/scaleway.md, "The simulator"): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes,
+``pods`` and GPU resources as counts. They become Kubernetes quantity strings unchanged ("4",
+"17179869184"); no unit is guessed.
 
 Labels, lowest precedence first:
 1. what a Kapsule node of the pool is known to carry: ``kubernetes.io/os=linux``, ``kubernetes.io/arch``
