@@ -219,7 +219,7 @@ class TokenSource:
             lifetime = DEFAULT_TOKEN_LIFETIME
         log.info(
             "obtained a Bizfly token",
-            extra={"provider": "bizfly", "auth_method": self._config.auth_method, "lifetime_s": round(lifetime)},
+            extra={"cloud": "bizfly", "auth_method": self._config.auth_method, "lifetime_s": round(lifetime)},
         )
         return value, lifetime
 

@@ -164,7 +164,7 @@ def pool_taints(pool: Mapping[str, Any]) -> tuple[Taint, ...]:
         if effect is None:
             log.warning(
                 "ignoring a pool taint with an unknown effect",
-                extra={"provider": "bizfly", "taint_key": str(item.get("key")), "effect": str(item.get("effect"))},
+                extra={"cloud": "bizfly", "taint_key": str(item.get("key")), "effect": str(item.get("effect"))},
             )
             continue
         taints.append(Taint(str(item["key"]), str(item.get("value") or ""), effect))

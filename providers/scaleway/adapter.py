@@ -30,7 +30,7 @@ from providers.scaleway.config import ScalewayConfig
 from providers.scaleway.statuses import KNOWN_STATUSES, instance_status
 from providers.scaleway.templates import GPU_LABEL, POOL_ID_LABEL, gpu_type, pool_template
 
-log = logging.getLogger("providers.scaleway")
+log = logging.getLogger(__name__)
 
 # Pool statuses in which Kapsule refuses size changes (the API answers 409 transient_state).
 BUSY_POOL_STATUSES = frozenset({"locked", "upgrading"})
@@ -68,7 +68,7 @@ def to_instances(nodes: Iterable[Node]) -> tuple[Instance, ...]:
         instance_id = node.provider_id if node.provider_id and node.provider_id not in seen else synthetic_id(node)
         if node.provider_id and instance_id != node.provider_id:
             log.warning(
-                "two Kapsule nodes report provider id %s; node %s is listed as %s",
+                "two Kapsule nodes report providerID %s; node %s is listed as %s",
                 node.provider_id,
                 node.id,
                 instance_id,
@@ -129,7 +129,7 @@ def node_price(price_per_hour: float, start: dt.datetime, end: dt.datetime) -> f
 class ScalewayAdapter(CloudAdapter):
     """Kapsule autoscaled pools as node groups. Thread-safe: state is an atomically swapped dict."""
 
-    kind = "scaleway"
+    cloud = "scaleway"
 
     def __init__(
         self,
@@ -187,7 +187,7 @@ class ScalewayAdapter(CloudAdapter):
                 "Kapsule answered size %d to a request for %d",
                 answer.size,
                 new_size,
-                extra={"node_group": group.id, "result": answer.status},
+                extra={"node_group": group.id, "pool_status": answer.status},
             )
 
     def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
@@ -199,7 +199,7 @@ class ScalewayAdapter(CloudAdapter):
                 log.info(
                     "node %s was already deleted",
                     instance.cloud_id,
-                    extra={"node_group": group.id, "result": "already_gone"},
+                    extra={"node_group": group.id, "cloud_id": instance.cloud_id},
                 )
                 return
             # 409 transient_state: our error formatter names the node's current state. A node that is

@@ -26,7 +26,7 @@ from providers.errors import CloudUnavailable, InvalidRequest
 from providers.http_transport import BreakerSettings, HttpTransport, JsonResponse, RetryPolicy
 from providers.scaleway.config import ScalewayConfig
 
-log = logging.getLogger("providers.scaleway")
+log = logging.getLogger(__name__)
 
 PROJECT_USER_AGENT = "ca-externalgrpc-server/0.1.0"
 PAGE_SIZE = 100

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from providers.model import NodeTemplate, Taint
 from providers.scaleway.client import Pool
 
-log = logging.getLogger("providers.scaleway")
+log = logging.getLogger(__name__)
 
 GPU_LABEL = "k8s.scw.cloud/gpu"
 POOL_ID_LABEL = "k8s.scaleway.com/pool"
@@ -62,7 +62,7 @@ def parse_taints(raw: Mapping[str, str]) -> tuple[Taint, ...]:
                 key,
                 raw[key],
                 effect,
-                extra={"taint": key},
+                extra={"taint_key": key},
             )
             continue
         taints.append(Taint(key=key, value=parts[0] if len(parts) == 2 else "", effect=effect))
