@@ -103,8 +103,8 @@ def scaleway_error_message(status: int, body: Any) -> str:
     if not isinstance(body, Mapping):
         return str(body)[:300] if body else ""
     message = str(body.get("message") or "").strip()
-    kind = str(body.get("type") or "").strip()
-    parts = [f"{kind}: {message}" if kind and message else kind or message]
+    error_type = str(body.get("type") or "").strip()
+    parts = [f"{error_type}: {message}" if error_type and message else error_type or message]
     details = body.get("details")
     if isinstance(details, list):
         for item in details[:5]:
