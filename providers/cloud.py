@@ -20,8 +20,8 @@ class CloudAdapter(abc.ABC):
     and from gRPC handler threads at once. They raise only ``providers.errors`` exceptions.
     """
 
-    #: short cloud name used in logs and metrics ("scaleway", "bizfly")
-    kind: str = ""
+    #: the cloud's name, as a backend's ``type`` names it ("scaleway", "bizfly")
+    cloud: str = ""
 
     @abc.abstractmethod
     def list_groups(self, deadline: Deadline) -> CloudListing:
@@ -57,10 +57,10 @@ class CloudAdapter(abc.ABC):
         return group.template
 
     def node_price(self, group: GroupState, node: NodeRef, start: dt.datetime, end: dt.datetime) -> float:
-        raise NotSupported(f"{self.kind} has no node pricing")
+        raise NotSupported(f"{self.cloud} has no node pricing")
 
     def pod_price(self, pod_bytes: bytes, start: dt.datetime, end: dt.datetime) -> float:
-        raise NotSupported(f"{self.kind} has no pod pricing")
+        raise NotSupported(f"{self.cloud} has no pod pricing")
 
     def group_for_price_node(self, node: NodeRef) -> str | None:
         """The group id a (template) node belongs to for pricing, from its labels; None if unknown."""
@@ -69,8 +69,9 @@ class CloudAdapter(abc.ABC):
     def instrument(self, metrics: object) -> None:
         """Hand the adapter's HTTP transport(s) the server's metrics object.
 
-        ``metrics`` has ``observe_cloud_request(provider, endpoint, method, status_or_error, seconds,
-        retried)`` and ``set_breaker_state(provider, state)`` (server/metrics.py). Default: nothing.
+        ``metrics`` has ``observe_cloud_request(api, endpoint, method, status_or_error, seconds, retried)``
+        and ``set_breaker_state(api, state)`` (``server.metrics.BackendMetrics``, which adds the backend
+        name). Default: nothing.
         """
         return None
 

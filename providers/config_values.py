@@ -81,8 +81,8 @@ def rule_error(key: str | tuple[str, ...], text: str, fix: str, *, checked: bool
 
     ``checked=False`` marks something ``validate --offline`` could not check rather than a mistake.
     """
-    kind = problem(text, fix) if checked else not_checked(text, fix)
-    return InitErrorDetails(type=kind, loc=(key,) if isinstance(key, str) else key, input=None)
+    error_type = problem(text, fix) if checked else not_checked(text, fix)
+    return InitErrorDetails(type=error_type, loc=(key,) if isinstance(key, str) else key, input=None)
 
 
 _CUSTOM_TYPES = ("config", "not_checked")
@@ -90,11 +90,11 @@ _CUSTOM_TYPES = ("config", "not_checked")
 
 def _reraisable(error: Any) -> InitErrorDetails:
     ctx = dict(error.get("ctx") or {})
-    kind: Any = error["type"]
-    if kind in _CUSTOM_TYPES:
-        kind = PydanticCustomError(kind, "{problem}", ctx)
-    details = InitErrorDetails(type=kind, loc=tuple(error["loc"]), input=error.get("input"))
-    if ctx and not isinstance(kind, PydanticCustomError):
+    error_type: Any = error["type"]
+    if error_type in _CUSTOM_TYPES:
+        error_type = PydanticCustomError(error_type, "{problem}", ctx)
+    details = InitErrorDetails(type=error_type, loc=tuple(error["loc"]), input=error.get("input"))
+    if ctx and not isinstance(error_type, PydanticCustomError):
         details["ctx"] = ctx
     return details
 

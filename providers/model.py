@@ -1,4 +1,4 @@
-"""The node-group model every cloud maps onto (one model, every cloud; see DESIGN.md)."""
+"""The node-group model every cloud maps onto (one model for every cloud; docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ class Instance:
     """One cloud machine of a node group.
 
     ``id`` is what the CA sees and must equal the Kubernetes ``spec.providerID`` of the node the
-    machine registers as (reference/externalgrpc-protocol.md section 10, pitfall 1). ``cloud_id`` is
-    the cloud's own handle used to delete it.
+    machine registers as, or the CA takes the node for unregistered and deletes it (docs/protocol.md,
+    "Instance status"). ``cloud_id`` is the cloud's own handle used to delete it.
     """
 
     id: str

@@ -17,7 +17,6 @@ from providers.config_errors import ConfigError
 if TYPE_CHECKING:
     from server.app import RunningServer
 
-log = logging.getLogger("server")
 DISTRIBUTION = "ca-externalgrpc-server"
 
 

@@ -43,7 +43,7 @@ from server.node_encoding import is_valid_quantity
 from server.pem_files import ca_bundle_problem, key_pair_problem, unreadable
 
 __all__ = [
-    "CLOUD_TYPES",
+    "CLOUDS",
     "BackendConfig",
     "ConfigError",
     "GroupConfig",
@@ -60,7 +60,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CLOUD_MODELS: Mapping[str, type[CloudSettings]] = {"scaleway": ScalewayConfig, "bizfly": BizflyConfig}
-CLOUD_TYPES = tuple(CLOUD_MODELS)
+#: the clouds a backend's ``type`` may name
+CLOUDS = tuple(CLOUD_MODELS)
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _ADDRESS = re.compile(r"^\[(?P<v6>[^\]]+)\]:(?P<p6>\d+)$|^(?P<host>[^:\[\]]*):(?P<port>\d+)$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -238,7 +239,8 @@ def _seconds_or_none(value: Any) -> float | None:
 
 
 class BackendConfig(ConfigModel):
-    type: one_of(CLOUD_TYPES, "backend type") = Field("", validate_default=True)  # type: ignore[valid-type]
+    # ``type`` names the backend's cloud; the YAML key keeps its name so existing configs stay valid
+    type: one_of(CLOUDS, "supported cloud") = Field("", validate_default=True)  # type: ignore[valid-type]
     name: str = Field("", validate_default=True)
     scaleway: ScalewayConfig | None = None
     bizfly: BizflyConfig | None = None
@@ -247,7 +249,7 @@ class BackendConfig(ConfigModel):
 
     @field_validator("name", mode="before")
     @classmethod
-    def _name_defaults_to_the_type(cls, value: Any, info: ValidationInfo) -> str:
+    def _name_defaults_to_the_cloud(cls, value: Any, info: ValidationInfo) -> str:
         name = value if value not in (None, "") else info.data.get("type", "")
         if name and (not isinstance(name, str) or not _NAME.match(name)):
             raise problem(f"{name!r} is not a valid name", "use lower-case letters, digits and '-'")
@@ -255,20 +257,20 @@ class BackendConfig(ConfigModel):
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
-        kind = raw.get("type")
+        cloud = raw.get("type")
         errors = []
-        for other in CLOUD_TYPES:
-            if other != kind and other in raw and kind in CLOUD_TYPES:
+        for other in CLOUDS:
+            if other != cloud and other in raw and cloud in CLOUDS:
                 errors.append(
-                    rule_error(other, f"a {other} mapping in a {kind} backend", f"remove it, or set type: {other}")
+                    rule_error(other, f"a {other} mapping in a {cloud} backend", f"remove it, or set type: {other}")
                 )
         sync = raw.get("sync")
-        if kind in CLOUD_TYPES and isinstance(sync, Mapping):
+        if cloud in CLOUDS and isinstance(sync, Mapping):
             from server.clouds import cloud_type  # late: keeps this module importable without every cloud
 
             interval = _seconds_or_none(sync["interval"]) if "interval" in sync else None
             staleness = _seconds_or_none(sync.get("max_staleness", "10m"))
-            effective = interval if interval is not None else cloud_type(kind).default_sync_interval
+            effective = interval if interval is not None else cloud_type(cloud).default_sync_interval
             if staleness is not None and staleness < effective:
                 errors.append(
                     rule_error(
@@ -392,16 +394,18 @@ def _with_environment(
     backends = raw.get("backends")
     if not isinstance(backends, list):
         return prepared, sources
-    kinds = [str(b.get("type")) if isinstance(b, Mapping) else "" for b in backends]
+    clouds = [str(b.get("type")) if isinstance(b, Mapping) else "" for b in backends]
     prepared_backends: list[Any] = []
-    for index, (backend, kind) in enumerate(zip(backends, kinds, strict=True)):
-        cloud_raw = backend.get(kind) if isinstance(backend, Mapping) and kind in CLOUD_MODELS else None
-        if kind not in CLOUD_MODELS or not isinstance(cloud_raw, Mapping | None):
+    for index, (backend, cloud) in enumerate(zip(backends, clouds, strict=True)):
+        cloud_raw = backend.get(cloud) if isinstance(backend, Mapping) and cloud in CLOUD_MODELS else None
+        if cloud not in CLOUD_MODELS or not isinstance(cloud_raw, Mapping | None):
             prepared_backends.append(backend)
             continue
-        merged, from_env = CLOUD_MODELS[kind].merge_environment(cloud_raw or {}, env, kinds.count(kind) == 1, offline)
-        prepared_backends.append({**backend, kind: merged})
-        sources.update({("backends", index, kind, key): variable for key, variable in from_env.items()})
+        merged, from_env = CLOUD_MODELS[cloud].merge_environment(
+            cloud_raw or {}, env, clouds.count(cloud) == 1, offline
+        )
+        prepared_backends.append({**backend, cloud: merged})
+        sources.update({("backends", index, cloud, key): variable for key, variable in from_env.items()})
     prepared["backends"] = prepared_backends
     return prepared, sources
 

@@ -1,4 +1,4 @@
-"""Bizfly Cloud Kubernetes Engine backend (see adapter.py for the facts it follows)."""
+"""The Bizfly Cloud Kubernetes Engine cloud (see adapter.py for the facts it follows)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``BizflyAdapter``: Bizfly Kubernetes Engine worker pools as node groups.
 
-Facts followed (reference/bizfly-api.md section 4): a node group is a worker pool with
+Facts followed (docs/bizfly.md, "Node groups" and "Instances"): a node group is a worker pool with
 ``enable_autoscaling`` true in the cluster GET; its min/max come from that cluster GET entry (that is
 where upstream reads them), its target from the pool GET's ``desired_size``; an instance id is
 ``bizflycloud://<physical_id>`` (what the Bizfly CCM puts in ``spec.providerID``).
@@ -14,7 +14,7 @@ sends no PATCH after a DELETE. A 404 means the node is already gone, which is wh
 
 Upstream defects not copied: a pool that disappears between the cluster GET and its pool GET no
 longer aborts the whole refresh (it is skipped); pools are read concurrently; malformed bodies are
-typed errors, never a crash; provider ids are matched through the Backend's dict, not an O(N²) scan.
+typed errors, never a crash; providerIDs are matched through the Backend's dict, not an O(N²) scan.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _int_field(body: Mapping[str, Any], key: str, what: str, default: int | None
     value = body.get(key, default)
     if value is None and default is not None:
         return default
-    # Upstream decodes with Go: a string or a float here is an error, not a guess (reference section 3).
+    # Upstream decodes with Go: a string or a float here is an error, not a guess.
     if isinstance(value, bool) or not isinstance(value, int):
         raise CloudUnavailable(
             f"malformed answer from the bizfly API: {what} field {key!r} is {value!r}, expected an integer"
@@ -76,7 +76,7 @@ def _mapping(body: Any, what: str) -> Mapping[str, Any]:
 
 
 class BizflyAdapter(CloudAdapter):
-    kind = "bizfly"
+    cloud = "bizfly"
 
     def __init__(self, config: BizflyConfig, client: BizflyClient | None = None) -> None:
         self.config = config
@@ -158,7 +158,7 @@ class BizflyAdapter(CloudAdapter):
         except CloudRequestRejected as err:
             if err.status == 404:
                 # Deleted since the cluster GET: not a group any more (upstream aborted the whole refresh).
-                log.info("worker pool disappeared during sync", extra={"provider": "bizfly", "pool_id": pool_id})
+                log.info("worker pool disappeared during sync", extra={"cloud": "bizfly", "node_group": pool_id})
                 return None
             raise
         return _mapping(body, f"worker pool {pool_id}")
@@ -231,16 +231,16 @@ class BizflyAdapter(CloudAdapter):
                 if err.status != 404:
                     raise self._rejected(err, group, f"delete node {node_id}") from None
                 if position + 1 < len(candidates):
-                    # The label may carry another id than the API's node id (reference section 8.2): try
+                    # The label may carry another id than the API's node id (docs/bizfly.md, "Endpoints used"): try
                     # the id the pool itself lists for this providerID before concluding it is gone.
                     log.warning(
                         "node id from the label is unknown to the API; retrying with the pool's node id",
-                        extra={"provider": "bizfly", "pool_id": group.id, "node": node.name},
+                        extra={"cloud": "bizfly", "node_group": group.id, "node": node.name},
                     )
                     continue
                 log.info(
                     "node already gone from the pool",
-                    extra={"provider": "bizfly", "pool_id": group.id, "node": node.name, "node_id": node_id},
+                    extra={"cloud": "bizfly", "node_group": group.id, "node": node.name, "cloud_id": node_id},
                 )
 
     def _rejected(self, err: CloudRequestRejected, group: GroupState, action: str) -> Exception:
@@ -284,7 +284,7 @@ class BizflyAdapter(CloudAdapter):
             if key in self._warned:
                 return
             self._warned.add(key)
-        log.warning(message, extra={"provider": "bizfly", "cluster": self.config.cluster_name})
+        log.warning(message, extra={"cloud": "bizfly", "cluster": self.config.cluster_name})
 
 
 def build_adapter(config: BizflyConfig) -> BizflyAdapter:

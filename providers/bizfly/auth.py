@@ -1,6 +1,6 @@
 """Bizfly token authentication: both login flows, a cached token refreshed before it expires.
 
-Why it differs from upstream (reference/bizfly-api.md section 2):
+Why it differs from upstream (docs/bizfly.md, "Authentication"):
 
 * the token URL is configurable (upstream always posts to the production URL at start-up);
 * the token's ``expires_at`` is used to refresh ahead of expiry (upstream only reacts to a 401);
@@ -68,7 +68,7 @@ def token_request_body(config: BizflyConfig) -> dict[str, str]:
     """The ``POST /token`` body for the configured flow (field names as gobizfly sends them).
 
     For application credentials the documented ``application_credential_id``/``_secret`` names are
-    sent as well: the docs and gobizfly disagree (reference section 2.2) and both are accepted by
+    sent as well: Bizfly's documentation and gobizfly disagree, and both are accepted by
     an API that ignores unknown keys.
     """
     if config.auth_method == PASSWORD:
@@ -219,7 +219,7 @@ class TokenSource:
             lifetime = DEFAULT_TOKEN_LIFETIME
         log.info(
             "obtained a Bizfly token",
-            extra={"provider": "bizfly", "auth_method": self._config.auth_method, "lifetime_s": round(lifetime)},
+            extra={"cloud": "bizfly", "auth_method": self._config.auth_method, "lifetime_s": round(lifetime)},
         )
         return value, lifetime
 

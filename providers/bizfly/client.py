@@ -1,6 +1,6 @@
 """HTTP client for the Bizfly Kubernetes Engine API (the calls upstream's gobizfly makes, made safely).
 
-Calls (reference/bizfly-api.md sections 0 and 3), relative to the Kubernetes Engine endpoint:
+Calls (docs/bizfly.md, "Endpoints used"), relative to the Kubernetes Engine endpoint:
 
 * ``GET    /_/{cluster}``                 the cluster with its worker pools (bare object)
 * ``GET    /_/{cluster}/{pool}``          one pool with its nodes (bare object)
@@ -36,7 +36,11 @@ from providers.http_transport import BreakerSettings, HttpTransport, RetryPolicy
 
 log = logging.getLogger(__name__)
 
-PROVIDER = "bizfly"
+CLOUD = "bizfly"
+# Each transport is named by the API it calls (the ``api`` label of the cloud API metrics).
+API_KUBERNETES_ENGINE = CLOUD
+API_TOKEN = f"{CLOUD}-token"
+API_CATALOG = f"{CLOUD}-catalog"
 USER_AGENT = "ca-externalgrpc-server/0.1 (bizfly)"
 KUBERNETES_ENGINE_SERVICE = "kubernetes_engine"
 # Endpoint names for metrics and messages. The Kubernetes Engine paths (/_/{cluster}/{pool}/{node})
@@ -93,10 +97,10 @@ class BizflyClient:
         retry = retry or RetryPolicy(attempts=config.max_attempts)
         self._retry = retry
         self._token_transport = HttpTransport(
-            f"{PROVIDER}-token", base_of(config.token_url), retry=TOKEN_RETRY, **self._transport_args
+            API_TOKEN, base_of(config.token_url), retry=TOKEN_RETRY, **self._transport_args
         )
         self._catalog_transport = HttpTransport(
-            f"{PROVIDER}-catalog", base_of(config.api_url), retry=retry, **self._transport_args
+            API_CATALOG, base_of(config.api_url), retry=retry, **self._transport_args
         )
         options: dict[str, Any] = {}
         if token_refresh_margin is not None:
@@ -144,7 +148,7 @@ class BizflyClient:
             # scheme and host, and every call is prefixed with the path.
             prefix = url[len(base_of(url)) :].rstrip("/")
             api = HttpTransport(
-                PROVIDER, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
+                API_KUBERNETES_ENGINE, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
             )
             if self._metrics is not None:
                 api.instrument(self._metrics)
@@ -171,10 +175,10 @@ class BizflyClient:
             if same_region(region, self.config.region) and isinstance(service_url, str) and service_url:
                 log.info(
                     "Bizfly Kubernetes Engine endpoint found in the service catalog",
-                    extra={"provider": PROVIDER, "region": normalize_region(region), "endpoint_url": service_url},
+                    extra={"cloud": CLOUD, "region": normalize_region(region), "endpoint_url": service_url},
                 )
                 return service_url.rstrip("/")
-        # Upstream silently falls back to a URL that is not the Kubernetes Engine (reference section 1).
+        # Upstream silently falls back to a URL that is not the Kubernetes Engine (docs/bizfly.md, "Regions").
         raise CloudRequestRejected(
             f"the Bizfly service catalog at {url} has no {KUBERNETES_ENGINE_SERVICE} endpoint for region "
             f"{self.config.region!r} (regions offered: {', '.join(offered) or 'none'}); set region to one of "

@@ -2,7 +2,7 @@
 
 The service catalog has been seen to say ``HN``, ``hn`` and ``HaNoi`` for the same region, and the
 upstream client compared strings exactly, silently falling back to a wrong URL on a mismatch
-(reference/bizfly-api.md section 1 "Region -> endpoint"). Both sides are normalised here before
+(docs/bizfly.md, "Regions"). Both sides are normalised here before
 they are compared.
 """
 

@@ -1,7 +1,7 @@
 """Scale-from-zero node templates for Bizfly worker pools.
 
 Upstream has no template at all, so the CA can never scale a Bizfly pool up from 0 nodes
-(reference/bizfly-api.md section 4, ecosystem-and-peers.md section 3.4). A template is built here
+(docs/bizfly.md, "Templates"). A template is built here
 from, in increasing priority:
 
 1. well-known labels: ``kubernetes.io/os=linux``, ``kubernetes.io/arch=amd64``,
@@ -164,7 +164,7 @@ def pool_taints(pool: Mapping[str, Any]) -> tuple[Taint, ...]:
         if effect is None:
             log.warning(
                 "ignoring a pool taint with an unknown effect",
-                extra={"provider": "bizfly", "taint_key": str(item.get("key")), "effect": str(item.get("effect"))},
+                extra={"cloud": "bizfly", "taint_key": str(item.get("key")), "effect": str(item.get("effect"))},
             )
             continue
         taints.append(Taint(str(item["key"]), str(item.get("value") or ""), effect))

@@ -1,4 +1,4 @@
-"""Scaleway Kapsule backend: autoscaled pools of one cluster as node groups (see adapter.py)."""
+"""The Scaleway Kapsule cloud: autoscaled pools of one cluster as node groups (see adapter.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Kapsule pools as node groups: the Scaleway ``CloudAdapter``.
 
-Only what is Scaleway-specific lives here (reference/scaleway-api.md section 3): which pools are
+Only what is Scaleway-specific lives here (docs/scaleway.md): which pools are
 groups, how nodes map to instances, how a size is written and a node deleted, templates and prices.
 Delta and min/max checks, pending changes, locking and syncing are the shared ``Backend``'s.
 
@@ -30,7 +30,7 @@ from providers.scaleway.config import ScalewayConfig
 from providers.scaleway.statuses import KNOWN_STATUSES, instance_status
 from providers.scaleway.templates import GPU_LABEL, POOL_ID_LABEL, gpu_type, pool_template
 
-log = logging.getLogger("providers.scaleway")
+log = logging.getLogger(__name__)
 
 # Pool statuses in which Kapsule refuses size changes (the API answers 409 transient_state).
 BUSY_POOL_STATUSES = frozenset({"locked", "upgrading"})
@@ -42,10 +42,10 @@ def synthetic_id(node: Node) -> str:
     """Instance id for a node whose ``provider_id`` is still empty (or duplicated).
 
     Upstream keys nodes by ``provider_id``, so several nodes being created collapse into one map entry
-    and the CA under-counts upcoming nodes (reference section 2.3). We give such a node an id built
-    from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
-    unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` provider id. The CA
-    sees it as an upcoming instance; when the machine registers, the real provider id replaces it.
+    and the CA under-counts upcoming nodes (docs/scaleway.md, "Instances"). We give such a node an id
+    built from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
+    unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` providerID. The CA
+    sees it as an upcoming instance; when the machine registers, the real providerID replaces it.
     A DeleteNodes for it (the CA's fake node of an unregistered instance carries this id) still works
     because deletion uses the node id, kept as ``Instance.cloud_id``.
     """
@@ -53,7 +53,7 @@ def synthetic_id(node: Node) -> str:
 
 
 def debug_line(pool: Pool) -> str:
-    """Upstream ``Debug()`` format (reference section 3)."""
+    """The pool summary in the format of the CA's own Scaleway provider (its ``Debug()``)."""
     return (
         f"id:{pool.id},status:{pool.status},version:{pool.version},autoscaling:{str(pool.autoscaling).lower()},"
         f"size:{pool.size},min_size:{pool.min_size},max_size:{pool.max_size}"
@@ -68,7 +68,7 @@ def to_instances(nodes: Iterable[Node]) -> tuple[Instance, ...]:
         instance_id = node.provider_id if node.provider_id and node.provider_id not in seen else synthetic_id(node)
         if node.provider_id and instance_id != node.provider_id:
             log.warning(
-                "two Kapsule nodes report provider id %s; node %s is listed as %s",
+                "two Kapsule nodes report providerID %s; node %s is listed as %s",
                 node.provider_id,
                 node.id,
                 instance_id,
@@ -111,7 +111,7 @@ def to_group(pool: Pool, nodes: Iterable[Node], region: str) -> GroupState:
 
 
 def to_groups(pools: Iterable[Pool], nodes: Iterable[Node], region: str) -> tuple[GroupState, ...]:
-    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (upstream P:288-312)."""
+    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (docs/scaleway.md)."""
     autoscaled = {pool.id: pool for pool in pools if pool.autoscaling}
     by_pool: dict[str, list[Node]] = {pool_id: [] for pool_id in autoscaled}
     for node in nodes:
@@ -129,7 +129,7 @@ def node_price(price_per_hour: float, start: dt.datetime, end: dt.datetime) -> f
 class ScalewayAdapter(CloudAdapter):
     """Kapsule autoscaled pools as node groups. Thread-safe: state is an atomically swapped dict."""
 
-    kind = "scaleway"
+    cloud = "scaleway"
 
     def __init__(
         self,
@@ -187,7 +187,7 @@ class ScalewayAdapter(CloudAdapter):
                 "Kapsule answered size %d to a request for %d",
                 answer.size,
                 new_size,
-                extra={"node_group": group.id, "result": answer.status},
+                extra={"node_group": group.id, "pool_status": answer.status},
             )
 
     def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
@@ -199,7 +199,7 @@ class ScalewayAdapter(CloudAdapter):
                 log.info(
                     "node %s was already deleted",
                     instance.cloud_id,
-                    extra={"node_group": group.id, "result": "already_gone"},
+                    extra={"node_group": group.id, "cloud_id": instance.cloud_id},
                 )
                 return
             # 409 transient_state: our error formatter names the node's current state. A node that is
@@ -244,7 +244,7 @@ class ScalewayAdapter(CloudAdapter):
         return node_price(group.price_per_hour, start, end)
 
     def pod_price(self, pod_bytes: bytes, start: dt.datetime, end: dt.datetime) -> float:
-        # Upstream PodPrice is always 0 (reference section 3, Pricing): Kapsule bills nodes, not pods.
+        # Kapsule bills nodes, not pods: a pod's price is 0, as in the CA's own Scaleway provider.
         return 0.0
 
     # ------------------------------------------------------------------ plumbing

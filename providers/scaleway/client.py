@@ -1,6 +1,6 @@
 """Scaleway Kapsule API client: the private ``/k8s/v1/regions/{region}/autoscaler/`` endpoints.
 
-These are the endpoints the upstream provider uses (reference/scaleway-api.md section 2): they carry
+These are the endpoints the CA's own Scaleway provider uses (docs/scaleway.md, "Endpoints used"): they carry
 the per-pool template data (capacity, allocatable, labels, taints as a map, hourly price) that the
 public pool API lacks. This module only speaks HTTP and turns JSON into frozen records; the
 node-group logic lives in ``adapter.py``.
@@ -26,7 +26,7 @@ from providers.errors import CloudUnavailable, InvalidRequest
 from providers.http_transport import BreakerSettings, HttpTransport, JsonResponse, RetryPolicy
 from providers.scaleway.config import ScalewayConfig
 
-log = logging.getLogger("providers.scaleway")
+log = logging.getLogger(__name__)
 
 PROJECT_USER_AGENT = "ca-externalgrpc-server/0.1.0"
 PAGE_SIZE = 100
@@ -41,7 +41,7 @@ NODE_ROUTE = "/k8s/v1/regions/{region}/autoscaler/nodes/{node_id}"
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """One Kapsule pool as the autoscaler endpoint describes it (reference section 2.1)."""
+    """One Kapsule pool as the autoscaler endpoint describes it."""
 
     id: str
     name: str
@@ -62,7 +62,7 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One Kapsule node (reference section 2.3). ``provider_id`` may be empty while it is created."""
+    """One Kapsule node. ``provider_id`` may be empty while it is created."""
 
     id: str
     pool_id: str
@@ -99,12 +99,12 @@ def parse_cache_control(value: str | None) -> float | None:
 
 
 def scaleway_error_message(status: int, body: Any) -> str:
-    """Turn a Scaleway JSON error body into one readable line (reference section 5)."""
+    """Turn a Scaleway JSON error body (``{"message", "type", ...}``) into one readable line."""
     if not isinstance(body, Mapping):
         return str(body)[:300] if body else ""
     message = str(body.get("message") or "").strip()
-    kind = str(body.get("type") or "").strip()
-    parts = [f"{kind}: {message}" if kind and message else kind or message]
+    error_type = str(body.get("type") or "").strip()
+    parts = [f"{error_type}: {message}" if error_type and message else error_type or message]
     details = body.get("details")
     if isinstance(details, list):
         for item in details[:5]:

@@ -1,9 +1,10 @@
 """Scale-from-zero templates for Kapsule pools: labels, taints and resources from the pool record.
 
 Units: the autoscaler endpoint's ``capacity``/``allocatable`` are WHOLE units, as upstream decodes
-them (``resource.NewQuantity(v, DecimalSI)``, reference section 3 TemplateNodeInfo and open question
-2): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes, ``pods`` and GPU resources as
-counts. They become Kubernetes quantity strings unchanged ("4", "17179869184"); no unit is guessed.
+them (``resource.NewQuantity(v, DecimalSI)``; Scaleway has not confirmed the unit, see
+docs/scaleway.md, "The simulator"): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes,
+``pods`` and GPU resources as counts. They become Kubernetes quantity strings unchanged ("4",
+"17179869184"); no unit is guessed.
 
 Labels, lowest precedence first:
 1. what a Kapsule node of the pool is known to carry: ``kubernetes.io/os=linux``, ``kubernetes.io/arch``
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 from providers.model import NodeTemplate, Taint
 from providers.scaleway.client import Pool
 
-log = logging.getLogger("providers.scaleway")
+log = logging.getLogger(__name__)
 
 GPU_LABEL = "k8s.scw.cloud/gpu"
 POOL_ID_LABEL = "k8s.scaleway.com/pool"
@@ -61,7 +62,7 @@ def parse_taints(raw: Mapping[str, str]) -> tuple[Taint, ...]:
                 key,
                 raw[key],
                 effect,
-                extra={"taint": key},
+                extra={"taint_key": key},
             )
             continue
         taints.append(Taint(key=key, value=parts[0] if len(parts) == 2 else "", effect=effect))

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 OURS_COMMAND = REPO / ".venv" / "bin" / "ca-externalgrpc"
 START_TIMEOUT = 120.0  # a cold Python start plus a 5,000-node first sync stays far below this
 POLL_INTERVAL = 0.005
-# Upstream variables that would silently override our config file (CONTRIBUTING-CONTRACTS.md).
+# Upstream variables that would silently override our config file (docs/operations.md, "Environment variables").
 SCALEWAY_ENV = ("CLUSTER_ID", "SCW_SECRET_KEY", "SCW_REGION", "SCW_API_URL")
 
 

@@ -146,7 +146,7 @@ FLAKY_MESSAGE = "quota exceeded for instance type DEV1-L"
 BIZFLY_FAILURE_REASON = "Creation failed: quota exceeded"
 READY_TIMEOUT_SECONDS = 20.0
 
-# Kubernetes labels a Kapsule kubelet registers with (reference scaleway-api.md §3): the pool id
+# Kubernetes labels a Kapsule kubelet registers with (docs/scaleway.md, "Templates"): the pool id
 # label is what NodePrice resolves a node's pool from.
 SCW_POOL_ID_LABEL = "k8s.scaleway.com/pool"
 SCW_POOL_NAME_LABEL = "k8s.scaleway.com/pool-name"
@@ -178,7 +178,7 @@ class Endpoint:
 
 
 def _taint_map_to_list(taints: Mapping[str, str]) -> list[dict[str, str]]:
-    """Kapsule's ``{key: "value:Effect" | "Effect"}`` -> taints (reference scaleway-api.md, parseTaints)."""
+    """Kapsule's ``{key: "value:Effect" | "Effect"}`` -> taints (docs/scaleway.md, "Templates")."""
     out = []
     for key, raw in taints.items():
         parts = raw.split(":")
@@ -412,7 +412,7 @@ class Lab:
 
     # ----- client configuration ---------------------------------------------------------------------
     def write_cloud_config(self, path: Path) -> Path:
-        """The CA's ``--cloud-config`` for the externalgrpc provider (reference §6)."""
+        """The CA's ``--cloud-config`` for the externalgrpc provider (docs/protocol.md, "Cloud-config and TLS")."""
         endpoint = self.endpoint
         body: dict[str, Any] = {"address": endpoint.address, "grpc_timeout": "5s"}
         if endpoint.pki is not None:

@@ -113,7 +113,7 @@ def test_registered_secret_masked_in_message_args_extra_and_traceback(capture):
     out = capture("json")
     secret = "8f0d2c3a-11aa-4bbb-9ccc-0123456789ab"
     register_secret(secret)
-    log = logging.getLogger("providers.scaleway")
+    log = logging.getLogger("providers.scaleway.client")
     log.info("calling with %s", secret, extra={"header": f"X-Other: {secret}", "nested": {"k": [secret]}})
     try:
         raise ValueError(f"rejected key {secret}")

@@ -1,7 +1,7 @@
 // Command goreference is a stand-in for the upstream example server when the upstream module cannot
 // be fetched: a grpc-go CloudProvider server that does the work the upstream example does with the
-// in-tree Scaleway provider, written from the facts in reference/scaleway-api.md §1-3 and
-// reference/externalgrpc-protocol.md §7 (it shares no upstream code):
+// in-tree Scaleway provider, written from the facts in docs/scaleway.md and docs/protocol.md (it
+// shares no upstream code):
 //
 //   - configured by CLUSTER_ID, SCW_SECRET_KEY, SCW_REGION, SCW_API_URL;
 //   - refreshes before it listens, then inside Refresh when the ListPools Cache-Control max-age has
