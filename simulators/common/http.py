@@ -417,7 +417,8 @@ class _SimHandler(BaseHTTPRequestHandler):
 
         fault = sim.faults.match(route.name, method)
         if fault is not None and fault.apply and body_error is None:
-            self._apply_then_fault(route, SimRequest(method, path, params, query, headers, body, route.name), fault, log)
+            request = SimRequest(method, path, params, query, headers, body, route.name)
+            self._apply_then_fault(route, request, fault, log)
             return
         if fault is not None:
             if fault.delay > 0:
