@@ -72,14 +72,23 @@ class RunningServer:
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     def ready(self) -> tuple[bool, str]:
+        """Ready while at least one backend serves its groups (the isolation rule: one cloud's outage must
+        not take the whole server out of its Service); the body names every backend that does not."""
         problems = []
+        serving = 0
         for backend in self.registry.backends:
             h = backend.health()
-            if not h.synced:
+            if h.serving:
+                serving += 1
+            elif not h.synced:
                 problems.append(f"{backend.name}: not synced yet ({h.last_error or 'first sync pending'})")
-            elif h.stale:
+            else:
                 problems.append(f"{backend.name}: snapshot {h.age:.0f}s old ({h.last_error})")
-        return (not problems, "; ".join(problems) or "ready")
+        if not problems:
+            return True, "ready"
+        if serving:
+            return True, "ready, degraded: " + "; ".join(problems)
+        return False, "; ".join(problems)
 
     def update_health(self, backend: Backend) -> None:
         h = backend.health()

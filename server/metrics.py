@@ -258,7 +258,10 @@ def _remove(metric: Any, *labels: str) -> None:
 
 class _SnapshotAgeCollector(Collector):
     """``ca_externalgrpc_snapshot_age_seconds``, computed at scrape time so it keeps growing while
-    the cloud is down (a gauge set after each sync would freeze at the last good value)."""
+    the cloud is down (a gauge set after each sync would freeze at the last good value), and
+    ``ca_externalgrpc_backend_serving``: 1 while a backend serves its groups, 0 before its first good
+    sync or beyond its staleness bound (the isolation rule: such a backend reports here, not by failing
+    every CA loop)."""
 
     def __init__(self) -> None:
         self._backends: dict[str, weakref.ref[Any]] = {}
@@ -269,7 +272,15 @@ class _SnapshotAgeCollector(Collector):
             self._backends[backend.name] = weakref.ref(backend)
 
     def describe(self) -> list[GaugeMetricFamily]:
-        return [self._family()]
+        return [self._family(), self._serving_family()]
+
+    @staticmethod
+    def _serving_family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            PREFIX + "backend_serving",
+            "1 while the backend serves its node groups (synced, within its staleness bound), else 0.",
+            labels=("backend",),
+        )
 
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(
@@ -280,6 +291,7 @@ class _SnapshotAgeCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         family = self._family()
+        serving = self._serving_family()
         with self._lock:
             items = list(self._backends.items())
         for name, ref in items:
@@ -287,12 +299,14 @@ class _SnapshotAgeCollector(Collector):
             if backend is None:
                 continue
             try:
-                age = backend.health().age
+                health = backend.health()
             except Exception:  # a scrape must never fail because of one backend
                 continue
-            if age is not None:
-                family.add_metric((name,), age)
+            if health.age is not None:
+                family.add_metric((name,), health.age)
+            serving.add_metric((name,), 1.0 if health.synced and not health.stale else 0.0)
         yield family
+        yield serving
 
 
 # ---------------------------------------------------------------------- gRPC interceptor
