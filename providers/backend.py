@@ -57,8 +57,11 @@ LISTING_TIMEOUT = 60.0
 # After a write with an unknown outcome, the group is listed again this much later: a request that
 # was still travelling when the first reconciling listing ran has landed by then.
 LATE_LANDING_RECHECK = 3.0
-# A decrease that needs a fresh listing accepts one that started this long before it asked.
-FRESH_VIEW_SLACK = 2.0
+# A decrease that needs a fresh listing shares one already running if it started this recently.
+SHARE_LISTING_SLACK = 0.25
+# The CA calls DecreaseTargetSize again one loop later: the listing an earlier call gave up waiting for
+# (it outlived that call's deadline) serves the next call within this window.
+REUSE_LISTING_WINDOW = 30.0
 # DeleteNodes: at most this many distinct nodes per call (a scale-down call carries one; cleanup of
 # failed or unregistered machines carries those of one group), and never more than the group can hold.
 MAX_NODES_PER_DELETE = 1000
@@ -417,19 +420,13 @@ class Backend:
         if target + delta < running + booting + unseen:
             # The cloud decides which machines a smaller size removes (booting ones first); one the
             # snapshot shows booting, or does not show yet, may run by now. Decide on a fresh listing,
-            # waited for outside any admission and within the deadline; one that cannot finish in time
-            # keeps running and serves the CA's next call (its moment is remembered for that call).
-            with book.cond:
-                if book.view_wanted_since is None:
-                    book.view_wanted_since = self._clock()
-                wanted = book.view_wanted_since - FRESH_VIEW_SLACK
-            if self._snapshot.started_at < wanted:
-                self.sync(deadline, since=wanted)
+            # waited for outside any admission and within the deadline.
+            self._await_fresh_view(book, deadline)
         with book.exclusive(deadline):
             group = self._base(book, group_id, deadline)
             running, _, _ = self._machine_counts(group_id)
             with book.cond:
-                book.view_wanted_since = None
+                book.view_wanted = None
             desired = group.target_size + delta
             if desired < group.min_size:
                 raise SizeLimitExceeded(
@@ -443,6 +440,32 @@ class Backend:
                 )
             self._write_size(book, group, desired, deadline, remember_intent=False)
             return desired
+
+    def _await_fresh_view(self, book: GroupBook, deadline: Deadline) -> None:
+        """A listing that started after this call (or shortly before, when one already runs), or the one
+        the previous call of this group gave up waiting for: it outlived that call's deadline, kept
+        running, and now serves the CA's next call instead of a new listing that would time out too."""
+        now = self._clock()
+        with book.cond:
+            remembered = book.view_wanted
+            if remembered is not None and now - book.view_wanted_at > REUSE_LISTING_WINDOW:
+                remembered = book.view_wanted = None
+        if remembered is not None and remembered.done and remembered.error is None:
+            return  # its snapshot (or a newer one) is in place
+        running = self._listing.running
+        if remembered is not None and remembered.error is None:
+            flight = remembered
+        elif running is not None and (running.started_at or 0.0) >= now - SHARE_LISTING_SLACK:
+            flight = running
+        else:
+            flight = self._listing.since(now)
+        try:
+            self._await_listing(flight, deadline)
+        except DeadlineTooShort:
+            with book.cond:
+                if book.view_wanted is not flight:
+                    book.view_wanted, book.view_wanted_at = flight, now
+            raise
 
     def _machine_counts(self, group_id: str) -> tuple[int, int, int]:
         """Machines of the current view that run, boot, and failed to boot (leaving ones excluded)."""

@@ -17,9 +17,11 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import DeadlineTooShort
+from providers.single_flight import Flight
 
 # Time kept after an admission wait for the cloud call itself; less than this and nothing is sent.
 MIN_CALL_TIME = 0.2
@@ -51,7 +53,9 @@ class GroupBook:
         self.unknown = ""  # why the cloud's state of this group is uncertain ("" = it is not)
         self.unknown_at = 0.0
         self.intent: Intent | None = None
-        self.view_wanted_since: float | None = None  # a decrease waits for a listing from this moment
+        # The listing a decrease gave up waiting for at its deadline, for the CA's next call to reuse.
+        self.view_wanted: Flight[Any] | None = None
+        self.view_wanted_at = 0.0
 
     # ------------------------------------------------------------------ admission (hold cond)
     def wait_until(self, ready: Callable[[], bool], deadline: Deadline, why: Callable[[], str]) -> None:
