@@ -1,26 +1,36 @@
 """The rules every cloud shares, written once: snapshot, sync, size changes, membership.
 
 A ``Backend`` wraps one ``CloudAdapter``. Reads (the hot RPCs) come from an immutable in-memory
-``Snapshot`` swapped atomically by a background sync thread, so they take no lock and do no I/O.
-Mutations are serialised per node group, validated against min/max, written to the cloud inside
-the caller's deadline, and recorded as *pending* changes that overlay the snapshot until a sync
-that started after the change has seen the cloud catch up.
+``Snapshot`` swapped atomically after each cloud listing, so they take no lock and do no I/O.
+
+Mutations follow the CA's real concurrency (docs/reliability.md):
+
+- locks only guard bookkeeping; no cloud call runs under one. Deletions of one group run side by side;
+  a size write waits until the deletions already sent are answered, because an absolute size write and
+  the cloud's own decrement per deleted node do not commute (providers/group_book.py);
+- every wait (admission, a listing) ends before the caller's deadline with UNAVAILABLE and its reason;
+- a write whose answer was lost or an error may have been applied: it is read back from the cloud
+  before answering when the deadline allows, and in any case before the group's next change, and a
+  listing is started at once so TargetSize follows the cloud within seconds;
+- one listing runs at a time and serves every caller waiting for it (providers/single_flight.py).
+
+Changes this server made are overlaid on the snapshot until a listing that certainly saw them.
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from providers.cloud import CloudAdapter
-from providers.deadline import Deadline
+from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import (
     ChangeOutcomeUnknown,
-    CloudTimeout,
+    CloudOutcomeUnknown,
     CloudUnavailable,
     DeadlineTooShort,
     DomainError,
@@ -30,16 +40,33 @@ from providers.errors import (
     NodeNotInGroup,
     SizeLimitExceeded,
 )
+from providers.group_book import GroupBook, Intent
 from providers.model import CloudListing, GroupState, Instance, InstanceState, NodeRef, NodeTemplate
+from providers.single_flight import Flight, SingleFlight
 
 log = logging.getLogger(__name__)
 
-# A snapshot older than this is re-read from the cloud before an absolute size write.
+# A view older than this is re-read from the cloud before an absolute size write.
 FRESH_FOR_WRITE = 5.0
-# After a size change, pick up the new instances soon (but not more often than this).
+# After a size change, pick up the new instances soon (but not more often than min_interval).
 SYNC_SOON_DELAY = 3.0
-# How long an unconfirmed change is remembered to make a CA retry of it idempotent.
+# How long an unconfirmed increase is remembered to make a CA retry of it idempotent.
 INTENT_MEMORY = 120.0
+# A listing gets this long, whoever asked for it; it finishes even after the caller has answered.
+LISTING_TIMEOUT = 60.0
+# After a write with an unknown outcome, the group is listed again this much later: a request that
+# was still travelling when the first reconciling listing ran has landed by then.
+LATE_LANDING_RECHECK = 3.0
+# A decrease that needs a fresh listing shares one already running if it started this recently.
+SHARE_LISTING_SLACK = 0.25
+# The CA calls DecreaseTargetSize again one loop later: the listing an earlier call gave up waiting for
+# (it outlived that call's deadline) serves the next call within this window.
+REUSE_LISTING_WINDOW = 30.0
+# DeleteNodes: at most this many distinct nodes per call (a scale-down call carries one; cleanup of
+# failed or unregistered machines carries those of one group), and never more than the group can hold.
+MAX_NODES_PER_DELETE = 1000
+# Deletions of one call sent to the cloud at once (the CA's own scale-down parallelism is 10).
+DELETE_PARALLELISM = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,32 +81,15 @@ class SyncSettings:
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     groups: Mapping[str, GroupState]
-    by_provider_id: Mapping[str, str]
+    by_provider_id: Mapping[str, str]  # instance id -> group id
     started_at: float  # monotonic time the listing was requested
     finished_at: float
     version: int
+    instances_by_id: Mapping[str, Instance]  # instance id -> instance: DeleteNodes resolves through it
 
     @classmethod
     def empty(cls) -> Snapshot:
-        return cls({}, {}, 0.0, 0.0, 0)
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A size change this server made that the last snapshot may not show yet."""
-
-    target: int
-    at: float
-    deleting: set[str] = field(default_factory=set)  # instance ids
-
-
-@dataclass(frozen=True, slots=True)
-class _Intent:
-    """An increase whose cloud call did not answer in time: base -> desired."""
-
-    base: int
-    desired: int
-    at: float
+        return cls({}, {}, 0.0, 0.0, 0, {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,11 @@ class SyncHealth:
     stale: bool  # older than max_staleness
     last_error: str
     consecutive_failures: int
+
+    @property
+    def serving(self) -> bool:
+        """The backend serves its groups: it has synced and is within its staleness bound."""
+        return self.synced and not self.stale
 
 
 class Backend:
@@ -108,19 +123,19 @@ class Backend:
         self._template_overrides = dict(template_overrides or {})
         self._clock = clock
         self._snapshot = Snapshot.empty()
-        self._pending: dict[str, _Pending] = {}
-        self._intents: dict[str, _Intent] = {}
+        self._books: dict[str, GroupBook] = {}
         self._observed_labels: dict[str, Mapping[str, str]] = {}
-        self._group_locks: dict[str, threading.Lock] = {}
-        self._state_lock = threading.Lock()  # guards _pending/_intents/_group_locks, never held over I/O
-        self._sync_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # guards the fields below and _books; never held over I/O
+        self._listing: SingleFlight[Snapshot] = SingleFlight(self._list_and_swap, clock, f"sync-{name}")
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_sync_at = 0.0
+        self._rechecks: list[float] = []  # extra listings owed after unknown outcomes (times)
         self._last_error = ""
         self._failures = 0
         self._max_age: float | None = None
+        self._deleter: concurrent.futures.ThreadPoolExecutor | None = None
         self.listeners: list[Callable[[Backend], None]] = []  # called after every sync attempt
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,7 +149,7 @@ class Backend:
                 extra={"backend": self.name, "error": str(err)},
             )
         if background:
-            self._thread = threading.Thread(target=self._run, name=f"sync-{self.name}", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"sync-timer-{self.name}", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -142,19 +157,25 @@ class Backend:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._deleter is not None:
+            self._deleter.shutdown(wait=False, cancel_futures=True)
         self.adapter.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            delay = max(0.0, self._next_sync_at - self._clock())
-            self._wake.wait(timeout=delay)
+            with self._state_lock:
+                due = min([self._next_sync_at, *self._rechecks])
+            self._wake.wait(timeout=max(0.0, due - self._clock()))
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if self._clock() < self._next_sync_at:
-                continue
-            with contextlib.suppress(DomainError):  # already logged and recorded by sync()
-                self.sync(Deadline.after(60.0))
+            now = self._clock()
+            with self._state_lock:
+                if now < min([self._next_sync_at, *self._rechecks]):
+                    continue
+                self._rechecks = [t for t in self._rechecks if t > now]
+            # The listing reports its own failures (log, health, metrics); waiting keeps this loop calm.
+            self._listing.since(now).wait(LISTING_TIMEOUT + 5.0)
 
     def _interval(self) -> float:
         s = self.settings
@@ -165,7 +186,7 @@ class Backend:
         return s.default_interval
 
     def sync_soon(self, delay: float = SYNC_SOON_DELAY) -> None:
-        """Ask the background thread to sync within ``delay`` seconds (rate-limited)."""
+        """Ask for a listing within ``delay`` seconds (rate-limited by ``min_interval``)."""
         at = self._clock() + max(delay, 0.0)
         with self._state_lock:
             earliest = self._snapshot.finished_at + self.settings.min_interval
@@ -174,63 +195,89 @@ class Backend:
                 self._next_sync_at = at
                 self._wake.set()
 
+    def reconcile_soon(self) -> None:
+        """A listing now and another after LATE_LANDING_RECHECK, past the rate limit: after a write
+        with an unknown outcome, TargetSize must follow the cloud within seconds."""
+        now = self._clock()
+        self._listing.since(now)
+        with self._state_lock:
+            self._rechecks.append(now + LATE_LANDING_RECHECK)
+        self._wake.set()
+
     # ------------------------------------------------------------------ sync
-    def sync(self, deadline: Deadline) -> Snapshot:
-        """Read every group from the cloud and swap the snapshot; keeps the old one on failure."""
-        with self._sync_lock:
-            started = self._clock()
-            try:
-                listing = self.adapter.list_groups(deadline)
-            except DomainError as err:
+    def sync(self, deadline: Deadline, since: float | None = None) -> Snapshot:
+        """A listing that started at or after ``since`` (default: now), waited for within ``deadline``.
+
+        Listings run one at a time in their own thread and are shared by every caller they satisfy; one
+        that outlives the caller's deadline finishes anyway and serves the next caller. Raises the
+        listing's error, or DeadlineTooShort when it cannot finish in time.
+        """
+        flight = self._listing.since(self._clock() if since is None else since)
+        return self._await_listing(flight, deadline)
+
+    def _await_listing(self, flight: Flight[Snapshot], deadline: Deadline) -> Snapshot:
+        if not flight.wait(deadline.remaining() - RESPONSE_MARGIN):
+            started = flight.started_at
+            running = f"started {self._clock() - started:.1f}s ago" if started is not None else "queued"
+            raise DeadlineTooShort(
+                f"backend {self.name!r}: the cloud listing this call needs ({running}) did not finish within the "
+                "caller's deadline; it continues in the background and the next call uses its result"
+            )
+        if flight.error is not None:
+            raise flight.error
+        assert flight.result is not None
+        return flight.result
+
+    def _list_and_swap(self, started: float) -> Snapshot:
+        """One listing (run by the single-flight thread): read every group, swap the snapshot."""
+        try:
+            listing = self.adapter.list_groups(Deadline.after(LISTING_TIMEOUT))
+        except DomainError as err:
+            with self._state_lock:
                 self._failures += 1
                 self._last_error = str(err)
                 backoff = min(self._interval(), self.settings.min_interval * (2 ** min(self._failures - 1, 6)))
                 self._next_sync_at = self._clock() + backoff
-                log.warning(
-                    "cloud sync failed; serving the last good snapshot",
-                    extra={
-                        "backend": self.name,
-                        "error": str(err),
-                        "failures": self._failures,
-                        "snapshot_age_s": self.health().age,
-                    },
-                )
-                self._notify()
-                raise
-            snapshot = self._build_snapshot(listing, started)
-            with self._state_lock:
-                self._snapshot = snapshot
-                self._max_age = listing.max_age
-                self._failures = 0
-                self._last_error = ""
-                self._next_sync_at = self._clock() + self._interval()
-                self._settle_pending(snapshot)
+            log.warning(
+                "cloud sync failed; serving the last good snapshot",
+                extra={
+                    "backend": self.name,
+                    "error": str(err),
+                    "failures": self._failures,
+                    "snapshot_age_s": self.health().age,
+                },
+            )
             self._notify()
-            return snapshot
+            raise
+        snapshot = self._build_snapshot(listing, started)
+        with self._state_lock:
+            self._snapshot = snapshot
+            self._max_age = listing.max_age
+            self._failures = 0
+            self._last_error = ""
+            self._next_sync_at = self._clock() + self._interval()
+            books = list(self._books.values())
+        for book in books:
+            with book.cond:
+                book.settle(snapshot.started_at)
+                book.cond.notify_all()
+        self._notify()
+        return snapshot
 
     def _build_snapshot(self, listing: CloudListing, started: float) -> Snapshot:
         # Wall-clock time of the read, for humans (status command, CA logs of NodeGroup.debug).
         synced = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         groups: dict[str, GroupState] = {}
         by_pid: dict[str, str] = {}
+        instances: dict[str, Instance] = {}
         for group in listing.groups:
             group = replace(group, debug=f"backend={self.name} synced={synced} {group.debug}".strip())
             groups[group.id] = group
             for inst in group.instances:
                 if inst.id:
                     by_pid[inst.id] = group.id
-        return Snapshot(groups, by_pid, started, self._clock(), self._snapshot.version + 1)
-
-    def _settle_pending(self, snapshot: Snapshot) -> None:
-        """Drop pending changes that a snapshot started after them already reflects."""
-        now = self._clock()
-        for gid in list(self._pending):
-            pending = self._pending[gid]
-            if snapshot.started_at > pending.at or gid not in snapshot.groups:
-                del self._pending[gid]
-        for gid in list(self._intents):
-            if now - self._intents[gid].at > INTENT_MEMORY:
-                del self._intents[gid]
+                    instances[inst.id] = inst
+        return Snapshot(groups, by_pid, started, self._clock(), self._snapshot.version + 1, instances)
 
     def _notify(self) -> None:
         for listener in self.listeners:
@@ -246,7 +293,7 @@ class Backend:
         stale = (not synced) or (age is not None and age > self.settings.max_staleness)
         return SyncHealth(synced, age, stale, self._last_error, self._failures)
 
-    # ------------------------------------------------------------------ reads (no I/O, no locks)
+    # ------------------------------------------------------------------ reads (no I/O, no waits)
     @property
     def snapshot(self) -> Snapshot:
         return self._snapshot
@@ -268,23 +315,25 @@ class Backend:
 
     def target_size(self, group_id: str) -> int:
         group = self.group(group_id)
-        pending = self._pending.get(group_id)
-        return pending.target if pending is not None else group.target_size
+        book = self._books.get(group_id)
+        target = book.target if book is not None else None
+        return target if target is not None else group.target_size
 
     def instances(self, group_id: str) -> tuple[Instance, ...]:
         group = self.group(group_id)
-        pending = self._pending.get(group_id)
-        if pending is None or not pending.deleting:
+        book = self._books.get(group_id)
+        deleting = frozenset(book.deleting) if book is not None else frozenset()
+        if not deleting:
             return group.instances
         return tuple(
-            replace(inst, state=InstanceState.DELETING, error=None) if inst.id in pending.deleting else inst
+            replace(inst, state=InstanceState.DELETING, error=None) if inst.id in deleting else inst
             for inst in group.instances
         )
 
     def view_key(self, group_id: str) -> tuple[int, float]:
         """Changes whenever ``instances``/``target_size`` of the group may change."""
-        pending = self._pending.get(group_id)
-        return (self._snapshot.version, pending.at if pending is not None else 0.0)
+        book = self._books.get(group_id)
+        return (self._snapshot.version, book.changed_at if book is not None else 0.0)
 
     def observe_node(self, group_id: str, labels: Mapping[str, str]) -> bool:
         """Remember the labels a real node of the group carries (templates for scale-from-zero).
@@ -308,74 +357,46 @@ class Backend:
         return (self._snapshot.version, hash(tuple(sorted(observed.items()))) if observed else 0)
 
     def check_fresh_enough(self) -> None:
-        """Raise CloudUnavailable when the snapshot is beyond the staleness bound (Refresh)."""
+        """The isolation rule for Refresh: raise CloudUnavailable only when this backend serves groups
+        from a snapshot beyond its staleness bound. A backend that never synced serves no groups; it
+        reports through health, readiness, logs and metrics instead of stopping every other cloud."""
         health = self.health()
-        if health.stale:
-            age = "never synced" if health.age is None else f"last good sync {health.age:.0f}s ago"
+        if health.synced and health.stale:
             raise CloudUnavailable(
-                f"backend {self.name!r}: cloud state is too stale to act on ({age}, bound "
-                f"{self.settings.max_staleness:.0f}s); last error: {health.last_error or 'none'}"
+                f"backend {self.name!r}: cloud state is too stale to act on (last good sync {health.age:.0f}s "
+                f"ago, bound {self.settings.max_staleness:.0f}s); last error: {health.last_error or 'none'}"
             )
 
-    # ------------------------------------------------------------------ mutations
-    def _lock_for(self, group_id: str) -> threading.Lock:
+    # ------------------------------------------------------------------ size changes
+    def _book(self, group_id: str) -> GroupBook:
         with self._state_lock:
-            lock = self._group_locks.get(group_id)
-            if lock is None:
-                lock = self._group_locks[group_id] = threading.Lock()
-            return lock
+            book = self._books.get(group_id)
+            if book is None:
+                book = self._books[group_id] = GroupBook(group_id)
+            return book
 
-    def _acquire(self, group_id: str, deadline: Deadline) -> threading.Lock:
-        lock = self._lock_for(group_id)
-        if not lock.acquire(timeout=max(deadline.remaining() - 0.5, 0.0)):
-            raise DeadlineTooShort(f"node group {group_id!r} is busy with another size change; retry shortly")
-        return lock
-
-    def _base(self, group_id: str, deadline: Deadline, force_read: bool = False) -> GroupState:
-        """The group with its current target: from memory when fresh, else re-read from the cloud."""
-        group = self.group(group_id)
-        pending = self._pending.get(group_id)
-        fresh_at = max(self._snapshot.started_at, pending.at if pending else 0.0)
-        if force_read or self._clock() - fresh_at > FRESH_FOR_WRITE:
-            fresh = self.adapter.read_group(group_id, deadline)
-            group = replace(
-                group,
-                min_size=fresh.min_size,
-                max_size=fresh.max_size,
-                target_size=fresh.target_size,
-                cloud_data=fresh.cloud_data,
-            )
-            with self._state_lock:
-                self._pending[group_id] = _Pending(
-                    group.target_size, self._clock(), pending.deleting if pending else set()
-                )
-            return group
-        if pending is not None:
-            group = replace(group, target_size=pending.target)
-        return group
-
-    def _record_target(self, group_id: str, target: int, deleting: Iterable[str] = ()) -> None:
-        with self._state_lock:
-            old = self._pending.get(group_id)
-            marks = set(old.deleting) if old else set()
-            marks.update(deleting)
-            self._pending[group_id] = _Pending(target, self._clock(), marks)
+    def _snapshot_target(self, group_id: str) -> int:
+        return self.group(group_id).target_size
 
     def increase_size(self, group_id: str, delta: int, deadline: Deadline) -> int:
         if delta <= 0:
             raise InvalidDelta(f"size increase must be positive, got delta={delta}")
         self.group(group_id)
-        lock = self._acquire(group_id, deadline)
-        try:
-            intent = self._intents.get(group_id)
-            group = self._base(group_id, deadline, force_read=intent is not None)
+        book = self._book(group_id)
+        with book.exclusive(deadline):
+            with book.cond:
+                intent = book.intent
+                if intent is not None and self._clock() - intent.at > INTENT_MEMORY:
+                    intent = book.intent = None
+            group = self._base(book, group_id, deadline, force_read=intent is not None)
             # Settled only once the cloud could be read: if that read fails, the next retry must still
             # know that the first call may have landed, or it would apply the change a second time.
-            self._intents.pop(group_id, None)
+            with book.cond:
+                book.intent = None
             if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
-                # The earlier call that timed out did land: this is the CA retrying it.
+                # The earlier call whose answer was lost did land: this is the CA retrying it.
                 log.info(
-                    "increase already applied by an earlier call that timed out",
+                    "increase already applied by an earlier call whose answer was lost",
                     extra={"backend": self.name, "node_group": group_id, "delta": delta},
                 )
                 return group.target_size
@@ -385,28 +406,27 @@ class Backend:
                     f"size increase too large for node group {group_id!r}: target {group.target_size} + "
                     f"delta {delta} = {desired} > max {group.max_size}"
                 )
-            self._write_size(group, desired, deadline)
+            self._write_size(book, group, desired, deadline, remember_intent=True)
             return desired
-        finally:
-            lock.release()
 
     def decrease_target_size(self, group_id: str, delta: int, deadline: Deadline) -> int:
         if delta >= 0:
             raise InvalidDelta(f"size decrease must be negative, got delta={delta}")
         self.group(group_id)
-        lock = self._acquire(group_id, deadline)
-        try:
-            group = self._base(group_id, deadline)
-            running, booting, failed = self._machine_counts(group_id)
-            unseen = max(group.target_size - running - booting - failed, 0)
-            if group.target_size + delta < running + booting + unseen:
-                # The cloud decides which machines a smaller size removes (booting ones first); one the
-                # snapshot shows booting, or does not show yet, may run by now. Decide on a fresh view.
-                # Syncing is a full listing, so it is done only when such machines could be hit, and it
-                # also refreshes what every other RPC serves.
-                self.sync(deadline)
-                group = self._base(group_id, deadline)
-                running, _, _ = self._machine_counts(group_id)
+        book = self._book(group_id)
+        running, booting, failed = self._machine_counts(group_id)
+        target = self.target_size(group_id)
+        unseen = max(target - running - booting - failed, 0)
+        if target + delta < running + booting + unseen:
+            # The cloud decides which machines a smaller size removes (booting ones first); one the
+            # snapshot shows booting, or does not show yet, may run by now. Decide on a fresh listing,
+            # waited for outside any admission and within the deadline.
+            self._await_fresh_view(book, deadline)
+        with book.exclusive(deadline):
+            group = self._base(book, group_id, deadline)
+            running, _, _ = self._machine_counts(group_id)
+            with book.cond:
+                book.view_wanted = None
             desired = group.target_size + delta
             if desired < group.min_size:
                 raise SizeLimitExceeded(
@@ -418,10 +438,34 @@ class Backend:
                     f"attempt to delete existing nodes of {group_id!r}: target {group.target_size} + delta "
                     f"{delta} = {desired} < {running} running instances; use DeleteNodes for those"
                 )
-            self._write_size(group, desired, deadline)
+            self._write_size(book, group, desired, deadline, remember_intent=False)
             return desired
-        finally:
-            lock.release()
+
+    def _await_fresh_view(self, book: GroupBook, deadline: Deadline) -> None:
+        """A listing that started after this call (or shortly before, when one already runs), or the one
+        the previous call of this group gave up waiting for: it outlived that call's deadline, kept
+        running, and now serves the CA's next call instead of a new listing that would time out too."""
+        now = self._clock()
+        with book.cond:
+            remembered = book.view_wanted
+            if remembered is not None and now - book.view_wanted_at > REUSE_LISTING_WINDOW:
+                remembered = book.view_wanted = None
+        if remembered is not None and remembered.done and remembered.error is None:
+            return  # its snapshot (or a newer one) is in place
+        running = self._listing.running
+        if remembered is not None and remembered.error is None:
+            flight = remembered
+        elif running is not None and (running.started_at or 0.0) >= now - SHARE_LISTING_SLACK:
+            flight = running
+        else:
+            flight = self._listing.since(now)
+        try:
+            self._await_listing(flight, deadline)
+        except DeadlineTooShort:
+            with book.cond:
+                if book.view_wanted is not flight:
+                    book.view_wanted, book.view_wanted_at = flight, now
+            raise
 
     def _machine_counts(self, group_id: str) -> tuple[int, int, int]:
         """Machines of the current view that run, boot, and failed to boot (leaving ones excluded)."""
@@ -436,79 +480,264 @@ class Backend:
                     failed += 1
         return running, booting, failed
 
-    def _write_size(self, group: GroupState, desired: int, deadline: Deadline) -> None:
-        try:
-            self.adapter.set_target_size(group, desired, deadline)
-        except (CloudUnavailable, DeadlineTooShort) as err:
-            if isinstance(err, CloudTimeout):
-                # The request may have reached the cloud: remember it so a retry is not applied twice.
-                with self._state_lock:
-                    self._intents[group.id] = _Intent(group.target_size, desired, self._clock())
-                self.sync_soon(0.0)
-                raise ChangeOutcomeUnknown(
-                    f"the cloud did not confirm the size change of {group.id!r} to {desired} in time; "
-                    "it will be re-read before any retry, so retrying is safe"
-                ) from err
-            raise
-        self._record_target(group.id, desired)
-        self.sync_soon()
-
-    def delete_nodes(self, group_id: str, nodes: list[NodeRef], deadline: Deadline) -> int:
-        if not nodes:
-            raise InvalidRequest("DeleteNodes needs at least one node")
-        self.group(group_id)
-        lock = self._acquire(group_id, deadline)
-        try:
-            return self._delete_locked(group_id, nodes, deadline)
-        finally:
-            lock.release()
-
-    def _resolve(self, group: GroupState, node: NodeRef) -> Instance:
-        key = node.provider_id or node.name
-        for inst in group.instances:
-            if inst.id and inst.id == key:
-                return inst
-        owner = self._snapshot.by_provider_id.get(key)
-        where = f"it belongs to node group {owner!r}" if owner else "no node group of this server has it"
-        raise NodeNotInGroup(
-            f"node {node.name or '?'} (providerID {key or 'empty'}) is not in node group {group.id!r}: {where}; "
-            "nothing was deleted"
+    def _base(self, book: GroupBook, group_id: str, deadline: Deadline, force_read: bool = False) -> GroupState:
+        """The group with its current target (call with exclusive admission): from memory when it is
+        fresh and certain, else read back from the cloud."""
+        group = self.group(group_id)
+        with book.cond:
+            fresh_at = max(self._snapshot.started_at, book.changed_at)
+            must_read = force_read or bool(book.unknown) or self._clock() - fresh_at > FRESH_FOR_WRITE
+            view = book.target
+        if not must_read:
+            return group if view is None else replace(group, target_size=view)
+        fresh = self.adapter.read_group(group_id, deadline)
+        with book.cond:
+            # Exclusive admission: nothing of ours is in flight, so the read is the group's exact size.
+            # (Which machines are leaving is only known from the next listing: maybe_deleting stays.)
+            book.set_target(fresh.target_size, self._clock())
+            book.unknown = ""
+        return replace(
+            group,
+            min_size=fresh.min_size,
+            max_size=fresh.max_size,
+            target_size=fresh.target_size,
+            cloud_data=fresh.cloud_data,
         )
 
-    def _delete_locked(self, group_id: str, nodes: list[NodeRef], deadline: Deadline) -> int:
-        group = self.group(group_id)
-        pending = self._pending.get(group_id)
-        already = pending.deleting if pending else set()
-        work: list[tuple[Instance, NodeRef]] = []
-        seen: set[str] = set()
-        for node in nodes:  # validate all before touching the cloud
-            inst = self._resolve(group, node)
-            if inst.id in already or inst.id in seen or inst.state == InstanceState.DELETING:
-                continue  # a retry of a deletion already under way: nothing to do twice
-            seen.add(inst.id)
-            work.append((inst, node))
-        target = self.target_size(group_id)
-        real = [n for _, n in work if not n.fake_reason]
-        if real and target - len(work) < group.min_size:
-            raise SizeLimitExceeded(
-                f"deleting {len(work)} node(s) would take {group_id!r} from {target} below its min size "
-                f"{group.min_size}; nothing was deleted"
-            )
-        done = 0
+    def _write_size(
+        self, book: GroupBook, group: GroupState, desired: int, deadline: Deadline, remember_intent: bool
+    ) -> None:
+        """PATCH the absolute size (exclusive admission held); an unknown outcome is read back, not guessed."""
+        with book.cond:
+            book.pin(group.target_size, self._clock())
         try:
-            for inst, node in work:
-                deadline.check(needed=0.3)
-                self.adapter.delete_instance(group, inst, node, deadline)
-                done += 1
-                target -= 1
-                self._record_target(group_id, max(target, 0), deleting=[inst.id])
-        except DomainError as err:
-            if done:
-                err.args = (
-                    f"{err} (deleted {done} of {len(work)} node(s) before the failure; retrying deletes only the rest)",
+            self.adapter.set_target_size(group, desired, deadline)
+        except CloudOutcomeUnknown as err:
+            self._read_back_size(book, group, desired, deadline, err, remember_intent)
+            return
+        with book.cond:
+            book.set_target(desired, self._clock())
+        self.sync_soon()
+
+    def _read_back_size(
+        self,
+        book: GroupBook,
+        group: GroupState,
+        desired: int,
+        deadline: Deadline,
+        err: CloudOutcomeUnknown,
+        remember_intent: bool,
+    ) -> None:
+        """Decide from the cloud itself whether a size write with a lost or failed answer was applied."""
+        base = group.target_size
+        with book.cond:
+            book.mark_unknown(str(err), self._clock())
+        try:
+            seen: int | None = self.adapter.read_group(group.id, deadline).target_size
+        except DomainError:
+            seen = None  # no time left, or the cloud cannot be read either: reconcile in the background
+        if seen is not None:
+            with book.cond:
+                book.set_target(seen, self._clock())
+                if seen == desired or (seen == base and err.finished):
+                    book.unknown = ""  # the cloud is done with the request: what it shows is final
+            if seen == desired:
+                log.info(
+                    "size write answered with an error but applied; confirmed by reading the cloud back",
+                    extra={"backend": self.name, "node_group": group.id, "target": desired, "error": str(err)},
                 )
-            raise
-        finally:
-            if done:
                 self.sync_soon()
+                return
+            if seen == base and err.finished:
+                raise CloudUnavailable(f"{err} The cloud still shows size {base}: the change was not applied.")
+        if remember_intent:
+            with book.cond:
+                book.intent = Intent(base, desired, self._clock())
+        self.reconcile_soon()
+        shown = "" if seen is None else f"; the cloud shows size {seen} for now"
+        raise ChangeOutcomeUnknown(
+            f"the size change of {group.id!r} from {base} to {desired} was not confirmed ({err}){shown}; the "
+            "group is re-read from the cloud before its next change, so retrying is safe"
+        )
+
+    # ------------------------------------------------------------------ deletions
+    def delete_nodes(self, group_id: str, nodes: list[NodeRef], deadline: Deadline) -> int:
+        """Delete the named machines of the group; OK only for those the cloud accepted or shows gone."""
+        work = self._validate_deletion(group_id, nodes)
+        book = self._book(group_id)
+        with book.cond:
+            unknown = bool(book.unknown)
+        if unknown:
+            # An earlier change's outcome is unknown: read the group back before changing it again.
+            with book.exclusive(deadline):
+                self._base(book, group_id, deadline, force_read=True)
+        to_send = self._admit_deletions(book, group_id, work, deadline)
+        outcomes = self._send_deletions(book, group_id, to_send, deadline)
+        return self._deletion_result(book, group_id, work, to_send, outcomes, deadline)
+
+    def _validate_deletion(self, group_id: str, nodes: list[NodeRef]) -> list[tuple[Instance, NodeRef]]:
+        """Everything that can be refused is refused here, before any wait and without any lock."""
+        if not nodes:
+            raise InvalidRequest("DeleteNodes needs at least one node")
+        snapshot = self._snapshot
+        group = snapshot.groups.get(group_id)
+        if group is None:
+            raise NodeGroupNotFound(group_id)
+        unique: dict[str, NodeRef] = {}
+        for node in nodes:  # duplicates first: the bound is on distinct machines
+            unique.setdefault(node.provider_id or node.name, node)
+        bound = min(MAX_NODES_PER_DELETE, max(group.max_size, len(group.instances)))
+        if len(unique) > bound:
+            raise InvalidRequest(
+                f"DeleteNodes names {len(unique)} distinct nodes, more than node group {group_id!r} can hold "
+                f"(max size {group.max_size}, {len(group.instances)} machines) or than one call may carry "
+                f"({MAX_NODES_PER_DELETE}); nothing was deleted"
+            )
+        work: list[tuple[Instance, NodeRef]] = []
+        for key, node in unique.items():
+            inst = snapshot.instances_by_id.get(key)
+            owner = snapshot.by_provider_id.get(key)
+            if inst is None or owner != group_id:
+                where = f"it belongs to node group {owner!r}" if owner else "no node group of this server has it"
+                raise NodeNotInGroup(
+                    f"node {node.name or '?'} (providerID {key[:256] or 'empty'}) is not in node group "
+                    f"{group_id!r}: {where}; nothing was deleted"
+                )
+            work.append((inst, node))
+        return work
+
+    def _admit_deletions(
+        self, book: GroupBook, group_id: str, work: list[tuple[Instance, NodeRef]], deadline: Deadline
+    ) -> list[tuple[Instance, NodeRef]]:
+        """Check the min size against deletions already under way and register these as in flight."""
+        with book.cond:
+            book.admit_deletions(deadline)
+            snapshot = self._snapshot
+            # Accepted by the cloud already (a CA retry): nothing to send twice.
+            to_send = [(inst, node) for inst, node in work if inst.id not in book.deleting]
+            view = book.target if book.target is not None else self._snapshot_target(group_id)
+
+            def lowers_size(instance_id: str) -> bool:
+                inst = snapshot.instances_by_id.get(instance_id)
+                return inst is None or inst.state != InstanceState.DELETING
+
+            under_way = sum(1 for iid in book.in_flight if lowers_size(iid))
+            new = [inst for inst, _ in to_send if inst.id not in book.in_flight and lowers_size(inst.id)]
+            real = [node for _, node in to_send if not node.fake_reason]
+            if real and new and view - under_way - len(new) < self.group(group_id).min_size:
+                raise SizeLimitExceeded(
+                    f"deleting {len(new)} node(s) would take {group_id!r} from {view - under_way} below its min "
+                    f"size {self.group(group_id).min_size}; nothing was deleted"
+                )
+            if to_send:
+                book.pin(view, self._clock())
+                for inst, _ in to_send:
+                    book.in_flight[inst.id] += 1
+            return to_send
+
+    def _send_deletions(
+        self, book: GroupBook, group_id: str, to_send: list[tuple[Instance, NodeRef]], deadline: Deadline
+    ) -> list[DomainError | None]:
+        """Send every DELETE (in parallel for a multi-node call) and record each answer as it comes."""
+        group = self.group(group_id)
+
+        def one(inst: Instance, node: NodeRef) -> DomainError | None:
+            try:
+                self.adapter.delete_instance(group, inst, node, deadline)
+                error: DomainError | None = None
+            except DomainError as err:
+                error = err
+            self._record_deletion(book, group_id, inst, error)
+            return error
+
+        if len(to_send) <= 1:
+            return [one(inst, node) for inst, node in to_send]
+        with self._state_lock:
+            if self._deleter is None:
+                self._deleter = concurrent.futures.ThreadPoolExecutor(
+                    DELETE_PARALLELISM, thread_name_prefix=f"delete-{self.name}"
+                )
+            pool = self._deleter
+        futures = [pool.submit(one, inst, node) for inst, node in to_send]
+        # Each DELETE is bounded by the deadline, so waiting for all of them is bounded too.
+        return [future.result() for future in futures]
+
+    def _record_deletion(self, book: GroupBook, group_id: str, inst: Instance, error: DomainError | None) -> None:
+        now = self._clock()
+        with book.cond:
+            book.in_flight[inst.id] -= 1
+            if book.in_flight[inst.id] <= 0:
+                del book.in_flight[inst.id]
+            if error is None and inst.id not in book.deleting:
+                book.deleting.add(inst.id)
+                if inst.id in book.maybe_deleting:
+                    # An earlier DELETE of it had an unknown outcome: whether the cloud lowered the size
+                    # then or now is not known, so the size is re-read instead of adjusted.
+                    book.maybe_deleting.discard(inst.id)
+                    book.mark_unknown(f"node {inst.id} was deleted twice after an unknown outcome", now)
+                else:
+                    if inst.state != InstanceState.DELETING:  # the cloud lowered the size for this DELETE
+                        view = book.target if book.target is not None else self._snapshot_target(group_id)
+                        book.set_target(max(view - 1, 0), now)
+                    book.changed_at = now
+            elif isinstance(error, CloudOutcomeUnknown):
+                book.maybe_deleting.add(inst.id)
+                book.mark_unknown(f"the deletion of {inst.id} may or may not have been applied ({error})", now)
+            book.cond.notify_all()
+
+    def _deletion_result(
+        self,
+        book: GroupBook,
+        group_id: str,
+        work: list[tuple[Instance, NodeRef]],
+        sent: list[tuple[Instance, NodeRef]],
+        outcomes: list[DomainError | None],
+        deadline: Deadline,
+    ) -> int:
+        failures = [err for err in outcomes if err is not None and not isinstance(err, CloudOutcomeUnknown)]
+        unknown = [inst for (inst, _), err in zip(sent, outcomes, strict=True) if isinstance(err, CloudOutcomeUnknown)]
+        done = len(work) - len(failures) - len(unknown)
+        if any(err is None for err in outcomes):
+            self.sync_soon()
+        if unknown:
+            self.reconcile_soon()
+            unknown = self._confirm_from_listing(book, group_id, unknown, deadline)
+            done = len(work) - len(failures) - len(unknown)
+        if failures:
+            first = failures[0]
+            note = f"{done} of {len(work)} node(s) deleted" + (
+                f", {len(unknown)} with an unknown outcome" if unknown else ""
+            )
+            first.args = (f"{first} ({note}; retrying deletes only the rest)",)
+            raise first
+        if unknown:
+            names = ", ".join(inst.id for inst in unknown[:5])
+            raise ChangeOutcomeUnknown(
+                f"the cloud did not confirm the deletion of {len(unknown)} node(s) of {group_id!r} ({names}): the "
+                f"request reached it, but the answer was lost or an error, so it may or may not have been applied "
+                f"({done} of {len(work)} confirmed). The group is re-read from the cloud before its next change "
+                "and TargetSize follows within seconds; retrying DeleteNodes is safe"
+            )
         return done
+
+    def _confirm_from_listing(
+        self, book: GroupBook, group_id: str, unknown: list[Instance], deadline: Deadline
+    ) -> list[Instance]:
+        """With time left, wait for a listing after the unknown outcomes; the nodes it shows leaving (or
+        gone) were deleted. Returns those still unconfirmed."""
+        if deadline.remaining() - RESPONSE_MARGIN < 0.5:
+            return unknown
+        with book.cond:
+            since = book.unknown_at
+        try:
+            snapshot = self._await_listing(self._listing.since(since), deadline)
+        except DomainError:
+            return unknown
+        with book.cond:
+            if book.unknown:  # the listing could not settle the group (other writes overlapped it)
+                return unknown
+        return [
+            inst
+            for inst in unknown
+            if (seen := snapshot.instances_by_id.get(inst.id)) is not None and seen.state != InstanceState.DELETING
+        ]

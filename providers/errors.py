@@ -44,6 +44,20 @@ class CloudTimeout(CloudUnavailable):
     """A cloud call got no answer in time after it may have reached the cloud (outcome unknown)."""
 
 
+class CloudOutcomeUnknown(CloudUnavailable):
+    """A write reached the cloud but no clear answer came back: a timeout, a lost connection or a
+    500/502/503/504. It may have been applied, so the state is read back instead of guessed.
+
+    ``finished`` is True when the cloud itself answered that it failed (500, 503): it is done with the
+    request, so a read-back that shows nothing changed is final. A 502/504 (a gateway gave up waiting)
+    or no answer at all means the request may still be applied later.
+    """
+
+    def __init__(self, message: str, *, finished: bool) -> None:
+        super().__init__(message)
+        self.finished = finished
+
+
 class CloudRequestRejected(DomainError):
     """The cloud API refused the request (4xx other than auth); retrying unchanged will not help."""
 
@@ -65,4 +79,6 @@ class DeadlineTooShort(DomainError):
 
 
 class ChangeOutcomeUnknown(DomainError):
-    """A mutating cloud call did not answer in time; the server re-reads the cloud before any retry."""
+    """A change may or may not have been applied (the cloud's answer was lost or an error, and it could
+    not be read back within the caller's deadline); the server re-reads the cloud before the group's
+    next change."""

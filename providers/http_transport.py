@@ -8,11 +8,14 @@ credentials: auth headers are built per attempt and never logged, and the values
 ``secrets=`` are masked from every message this module produces.
 
 Retry rules (why): an idempotent call (GET/HEAD/PUT/DELETE by default) may be repeated safely after
-any transient failure. A non-idempotent call (POST/PATCH) is repeated only when the request certainly
-did not reach the cloud — 429 (refused by the rate limiter), a connection that never opened, or 503
-with ``Retry-After`` (the service says it did not process it). After a read timeout or a dropped
-connection its outcome is unknown, so ``CloudTimeout`` is raised at once and the backend re-reads the
-cloud before deciding anything.
+any transient failure; for the clouds' node DELETE that holds because deleting a node that is already
+being deleted changes nothing (no second size decrement). A non-idempotent call (POST/PATCH) is
+repeated only when the request certainly did not reach the cloud: 429 (refused by the rate limiter) or
+a connection that never opened. Any 500/502/503/504, read timeout or dropped connection may come after
+the cloud applied the write, with or without ``Retry-After``, so it is never repeated blindly.
+
+A write (POST/PUT/PATCH/DELETE) that ends in such a failure raises ``CloudOutcomeUnknown``: the change
+may have been applied, and the backend reads the cloud back before answering or changing anything else.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import urllib3.exceptions
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import (
     CloudAuthFailed,
+    CloudOutcomeUnknown,
     CloudRequestRejected,
     CloudTimeout,
     CloudUnavailable,
@@ -45,6 +49,9 @@ log = logging.getLogger("providers.http")
 #: statuses that say "try again later" rather than "your request is wrong"
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 _IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+_WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Answers with which the service itself says it failed: it is done with the request.
+_FINISHED_FAILURES = frozenset({500, 503})
 _MASK = "***"
 # Bodies quoted in error messages are cut to this length: enough to read the cloud's reason.
 _MAX_QUOTED_BODY = 300
@@ -323,6 +330,9 @@ class HttpTransport:
         attempts = 1 if probe else self._retry.attempts
         auth_refreshed = refresh_auth = False
         attempt = 0
+        # A write that reached the cloud and got no clear answer may have been applied (and, unless the
+        # service said it failed, may still be applied later).
+        maybe_applied = may_land_later = False
         while True:
             attempt += 1
             timeout = deadline.timeout(cap=self._max_timeout, needed=_MIN_ATTEMPT_TIMEOUT)
@@ -349,28 +359,39 @@ class HttpTransport:
 
             # Transient: a retryable status or no answer at all.
             failure = self._transient_error(outcome, method, endpoint, idempotent)
+            if method in _WRITE_METHODS and not self._certainly_not_processed(outcome):
+                maybe_applied = True
+                may_land_later = may_land_later or response is None or response.status_code not in _FINISHED_FAILURES
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None
-            safe_to_repeat = idempotent or self._certainly_not_processed(outcome, retry_after)
+            safe_to_repeat = idempotent or self._certainly_not_processed(outcome)
             if not safe_to_repeat:
                 self._log_attempt(method, endpoint, outcome, attempt, "not retried: the change may have been applied")
-                raise failure
+                raise self._final(failure, maybe_applied, may_land_later)
             if attempt >= attempts:
                 self._log_attempt(method, endpoint, outcome, attempt, f"giving up after {attempt} attempt(s)")
-                raise failure
+                raise self._final(failure, maybe_applied, may_land_later)
             delay = self._retry.backoff(attempt, self._rng) if retry_after is None else retry_after
             if retry_after is not None and retry_after > self._retry.max_retry_after:
                 self._log_attempt(method, endpoint, outcome, attempt, f"not retried: Retry-After {retry_after:.0f}s")
-                raise type(failure)(
-                    f"{failure} The cloud asked to wait {retry_after:.0f}s (Retry-After), longer than the "
-                    f"{self._retry.max_retry_after:.0f}s this server waits inside one call; it will try again "
-                    "on the next call"
+                raise self._final(
+                    type(failure)(
+                        f"{failure} The cloud asked to wait {retry_after:.0f}s (Retry-After), longer than the "
+                        f"{self._retry.max_retry_after:.0f}s this server waits inside one call; it will try again "
+                        "on the next call"
+                    ),
+                    maybe_applied,
+                    may_land_later,
                 )
             room = deadline.remaining() - RESPONSE_MARGIN - _MIN_ATTEMPT_TIMEOUT
             if delay > room:
                 self._log_attempt(method, endpoint, outcome, attempt, "not retried: the caller's deadline is near")
-                raise type(failure)(
-                    f"{failure} Not retrying: waiting {delay:.2f}s would pass the caller's deadline "
-                    f"({max(room, 0.0):.2f}s usable left)"
+                raise self._final(
+                    type(failure)(
+                        f"{failure} Not retrying: waiting {delay:.2f}s would pass the caller's deadline "
+                        f"({max(room, 0.0):.2f}s usable left)"
+                    ),
+                    maybe_applied,
+                    may_land_later,
                 )
             self._log_attempt(method, endpoint, outcome, attempt, f"retrying in {delay:.2f}s", retry_in=delay)
             if delay > 0:
@@ -464,13 +485,24 @@ class HttpTransport:
             self._metrics.set_breaker_state(self.provider, state)
 
     @staticmethod
-    def _certainly_not_processed(outcome: _Outcome, retry_after: float | None) -> bool:
+    def _certainly_not_processed(outcome: _Outcome) -> bool:
+        """Only a connection that never opened, or the rate limiter's 429, prove nothing was done."""
         if not outcome.reached_cloud:
             return True
-        if outcome.response is None:
-            return False
-        status = outcome.response.status_code
-        return status == 429 or (status == 503 and retry_after is not None)
+        return outcome.response is not None and outcome.response.status_code == 429
+
+    @staticmethod
+    def _final(failure: CloudUnavailable, maybe_applied: bool, may_land_later: bool) -> CloudUnavailable:
+        """The error to raise: a write that may have been applied says so in its type and message."""
+        if not maybe_applied:
+            return failure
+        text = str(failure)
+        if "may or may not" not in text:
+            text += (
+                " The change may have been applied anyway (the request reached the cloud); the state is "
+                "read back from the cloud before anything else is decided."
+            )
+        return CloudOutcomeUnknown(text, finished=not may_land_later)
 
     def _transient_error(self, outcome: _Outcome, method: str, endpoint: str, idempotent: bool) -> CloudUnavailable:
         what = f"{self.provider} API {method} {endpoint}"

@@ -28,6 +28,13 @@ class Registry:
                 return backend, gid
         return None
 
+    def check_fresh_enough(self) -> None:
+        """Refresh's rule (the isolation rule, docs/reliability.md): fail only for a backend that serves
+        groups from state beyond its staleness bound; a backend that never synced serves none and reports
+        through health, readiness, logs and metrics instead, so the other clouds keep autoscaling."""
+        for backend in self.backends:
+            backend.check_fresh_enough()
+
     def all_groups(self) -> Iterable[tuple[Backend, GroupState]]:
         seen: set[str] = set()
         for backend in self.backends:

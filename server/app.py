@@ -146,16 +146,19 @@ class RunningServer:
         return self._stopped.is_set()
 
     def ready(self) -> tuple[bool, str]:
-        """Whether every backend serves a fresh snapshot (tests wait on this for the first sync).
+        """Whether every backend serves its groups (tests wait on this for the first sync).
 
-        Not what /readyz answers: that stays 200 while the cloud view is stale (server/probes.py).
+        Not what /readyz answers: that fails only while draining (server/probes.py), so that one cloud's
+        outage never takes the server out of its Service.
         """
         problems = []
         for backend in self.registry.backends:
             h = backend.health()
+            if h.serving:
+                continue
             if not h.synced:
                 problems.append(f"{backend.name}: not synced yet ({h.last_error or 'first sync pending'})")
-            elif h.stale:
+            else:
                 problems.append(f"{backend.name}: snapshot {h.age:.0f}s old ({h.last_error})")
         return (not problems, "; ".join(problems) or "ready")
 

@@ -349,8 +349,8 @@ class _SnapshotCollector(Collector):
         )
         stale = GaugeMetricFamily(
             PREFIX + "snapshot_stale",
-            "1 while the snapshot is older than max_staleness or no sync has succeeded yet (Refresh then "
-            "answers UNAVAILABLE and the CA pauses), else 0.",
+            "1 while the backend does not serve its groups: no sync has succeeded yet (its groups are not "
+            "listed) or the snapshot is older than max_staleness (Refresh answers UNAVAILABLE), else 0.",
             labels=("backend",),
         )
         return age, stale

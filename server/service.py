@@ -231,8 +231,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     @rpc()
     def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
         # Cloud reads happen in the background sync; Refresh only refuses state beyond its bound.
-        for backend in self.registry.backends:
-            backend.check_fresh_enough()
+        self.registry.check_fresh_enough()
         return pb.RefreshResponse()
 
     # --------------------------------------------------------------- node-group level

@@ -30,8 +30,8 @@ from urllib.parse import quote
 from providers.bizfly.auth import TokenSource, base_of, using_deadline
 from providers.bizfly.config import BizflyConfig, catalog_url
 from providers.bizfly.regions import normalize_region, same_region
-from providers.deadline import Deadline
-from providers.errors import CloudRequestRejected, CloudUnavailable
+from providers.deadline import RESPONSE_MARGIN, Deadline
+from providers.errors import CloudRequestRejected, CloudUnavailable, DeadlineTooShort
 from providers.http_transport import BreakerSettings, HttpTransport, RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -140,20 +140,36 @@ class BizflyClient:
             )
 
     def _api_transport(self, deadline: Deadline) -> HttpTransport:
-        with self._lock:
-            if self._api is not None:
-                return self._api
-            url = self.config.kubernetes_engine_url or self._catalog_lookup(deadline)
-            # The endpoint URL carries a path (…/api/kubernetes-engine): the transport gets the
-            # scheme and host, and every call is prefixed with the path.
-            prefix = url[len(base_of(url)) :].rstrip("/")
-            api = HttpTransport(
-                API_KUBERNETES_ENGINE, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
-            )
-            if self._metrics is not None:
-                api.instrument(self._metrics)
-            self._api, self._api_prefix = api, prefix
+        api = self._api
+        if api is not None:
             return api
+        # The first calls may wait for another caller's catalog lookup, but never past their deadline.
+        if not self._lock.acquire(timeout=max(deadline.remaining() - RESPONSE_MARGIN, 0.0)):
+            raise DeadlineTooShort(
+                "the Bizfly service catalog lookup of another call did not finish within this call's deadline; "
+                "retry shortly"
+            )
+        try:
+            return self._api_transport_locked(deadline)
+        finally:
+            self._lock.release()
+
+    def _api_transport_locked(self, deadline: Deadline) -> HttpTransport:
+        if self._api is not None:
+            return self._api
+        url = self.config.kubernetes_engine_url or self._catalog_lookup(deadline)
+        # The endpoint URL carries a path (…/api/kubernetes-engine): the transport gets the
+        # scheme and host, and every call is prefixed with the path.
+        prefix = url[len(base_of(url)) :].rstrip("/")
+        api = HttpTransport(
+            API_KUBERNETES_ENGINE, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
+        )
+        if self._metrics is not None:
+            api.instrument(self._metrics)
+        # The prefix first: callers read ``_api`` without the lock and then use the prefix.
+        self._api_prefix = prefix
+        self._api = api
+        return api
 
     def _catalog_lookup(self, deadline: Deadline) -> str:
         url = catalog_url(self.config.api_url)

@@ -8,6 +8,11 @@ CA gives up on the machine quickly and backs off the pool, as it does for Scalew
 ``creation_error``), and an unknown status is reported once and treated as CREATING: the CA then
 neither counts the machine as a ready node nor deletes it, and if it never registers the CA's own
 max-node-provision-time takes over.
+
+A stopped VM (``SHUTOFF``, ``SHUTDOWN``, ``STOPPED``, ``PAUSED``, ``SUSPENDED``, any case) is a machine
+that exists: it is reported as running, so the CA sees its node NotReady and can remove it through
+DeleteNodes, which then really deletes it. Reporting it as deleting would make the CA wait for a
+deletion nobody started, and make a DeleteNodes for it look already done.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from providers.model import ErrorClass, InstanceError, InstanceState
 log = logging.getLogger(__name__)
 
 _RUNNING = frozenset({"running", "active", "ready", "healthy", "online", "provisioned", "available"})
+# Stopped but existing machines: running from the CA's point of view (see the module docstring).
+_STOPPED = frozenset(
+    {"shutoff", "shutdown", "shutingdown", "shuttingdown", "stopped", "stopping", "paused", "suspended", "poweredoff"}
+)
 _CREATING = frozenset(
     {
         "provisioning",
@@ -55,9 +64,6 @@ _DELETING = frozenset(
         "terminated",
         "pendingdelete",
         "removing",
-        "shutoff",
-        "shutdown",
-        "stopped",
     }
 )
 _FAILED = frozenset(
@@ -100,7 +106,7 @@ def map_status(status: str | None, reason: str | None = None) -> NodeStatus:
     raw = status if isinstance(status, str) else ""
     key = _SEPARATORS.sub("", raw).lower()
     reason_text = reason if isinstance(reason, str) else ""
-    if key in _RUNNING:
+    if key in _RUNNING or key in _STOPPED:
         return NodeStatus(InstanceState.RUNNING)
     if key in _DELETING:
         return NodeStatus(InstanceState.DELETING)

@@ -3,6 +3,11 @@
 A ``Fault`` describes what goes wrong and for which requests; the ``FaultInjector`` decides, request by
 request, which fault (if any) applies. Faults are checked in the order they were added and the first
 one that applies wins.
+
+By default a fault replaces the cloud's work: the request is never processed (``delay`` holds it back
+first, so a delayed write lands late). With ``apply`` the cloud processes the request first and the
+fault only spoils the answer: a 5xx, a dropped connection or an answer held back past the client's
+timeout, after the change was made. That is the case a client cannot tell from "nothing happened".
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class Fault:
     headers: dict[str, str] | None = None  # extra response headers (e.g. X-Ratelimit-Remaining)
     body: Any = None  # replaces the cloud's error body for a ``status`` fault (e.g. a type-clashing body)
     message: str | None = None  # message placed in the cloud's error body
+    apply: bool = False  # process the request first, then answer with the fault (status, drop, delay)
 
     def __post_init__(self) -> None:
         if not self.route:

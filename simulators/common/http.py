@@ -416,6 +416,10 @@ class _SimHandler(BaseHTTPRequestHandler):
             return
 
         fault = sim.faults.match(route.name, method)
+        if fault is not None and fault.apply and body_error is None:
+            request = SimRequest(method, path, params, query, headers, body, route.name)
+            self._apply_then_fault(route, request, fault, log)
+            return
         if fault is not None:
             if fault.delay > 0:
                 time.sleep(fault.delay)
@@ -447,6 +451,24 @@ class _SimHandler(BaseHTTPRequestHandler):
 
         request = SimRequest(method, path, params, query, headers, body, route.name)
         self._send(sim._run_handler(route, request), fault, log)
+
+    def _apply_then_fault(self, route: _Route, request: SimRequest, fault: Fault, log: Callable[[int], None]) -> None:
+        """Process the request (the cloud's state changes), then spoil the answer as the fault says."""
+        response = self.sim._run_handler(route, request)
+        if fault.delay > 0:
+            time.sleep(fault.delay)
+        if fault.drop:
+            log(0)
+            self._drop()
+            return
+        if fault.status is not None:
+            error = (
+                fault.body
+                if fault.body is not None
+                else self.sim.error_body(fault.status, fault.message or f"injected fault ({fault.status})")
+            )
+            response = SimResponse(fault.status, error)
+        self._send(response, fault, log)
 
     def _handle_control(
         self, method: str, path: str, query: dict[str, str], headers: dict[str, str], raw_body: bytes

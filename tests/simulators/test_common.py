@@ -148,7 +148,7 @@ def test_invalid_fault_descriptions_are_rejected(data: object) -> None:
 
 
 def test_fault_round_trips_through_a_dict() -> None:
-    fault = Fault(route="list", method="GET", status=429, retry_after=3, times=2, headers={"X-A": "1"})
+    fault = Fault(route="list", method="GET", status=429, retry_after=3, times=2, headers={"X-A": "1"}, apply=True)
     assert Fault.from_dict(fault.to_dict()) == fault
 
 
@@ -326,6 +326,63 @@ def test_delay_fault_holds_the_answer_back(server: JsonApiServer, http: requests
     server.faults.add(Fault(route="get_widget", delay=0.5, times=1))
     with pytest.raises(requests.Timeout):
         http.get(f"{server.url}/v1/zones/z/widgets/w", timeout=0.1)
+
+
+def _counting_route(server: JsonApiServer) -> list[object]:
+    """A write route that records every request it processed (the cloud's state change)."""
+    applied: list[object] = []
+
+    def write(req: SimRequest) -> SimResponse:
+        applied.append(req.body)
+        return SimResponse(200, {"applied": len(applied)})
+
+    server.route("PATCH", "/v1/things/{thing_id}", "write_thing", write)
+    return applied
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_apply_fault_processes_the_write_then_answers_an_error(
+    server: JsonApiServer, http: requests.Session, status: int
+) -> None:
+    applied = _counting_route(server)
+    server.faults.add(Fault(route="write_thing", status=status, apply=True, times=1))
+    response = http.patch(f"{server.url}/v1/things/t1", json={"size": 4})
+    assert response.status_code == status
+    assert response.json() == cloud_error(status, f"injected fault ({status})")
+    assert applied == [{"size": 4}]  # the change happened although the answer says it failed
+    assert server.requests.count("write_thing", "PATCH") == 1
+
+
+def test_apply_fault_can_drop_the_connection_after_the_change(server: JsonApiServer, http: requests.Session) -> None:
+    applied = _counting_route(server)
+    server.faults.add(Fault(route="write_thing", drop=True, apply=True, times=1))
+    with pytest.raises(requests.ConnectionError):
+        http.patch(f"{server.url}/v1/things/t1", json={"size": 5})
+    assert applied == [{"size": 5}]
+
+
+def test_apply_fault_with_a_delay_applies_at_once_and_answers_late(
+    server: JsonApiServer, http: requests.Session
+) -> None:
+    applied = _counting_route(server)
+    server.faults.add(Fault(route="write_thing", delay=0.5, apply=True, times=1))
+    with pytest.raises(requests.Timeout):
+        http.patch(f"{server.url}/v1/things/t1", json={"size": 6}, timeout=0.2)
+    assert applied == [{"size": 6}]  # already applied when the client gave up
+
+
+def test_a_plain_delay_fault_lands_the_change_only_after_the_delay(
+    server: JsonApiServer, http: requests.Session
+) -> None:
+    applied = _counting_route(server)
+    server.faults.add(Fault(route="write_thing", delay=0.5, times=1))
+    with pytest.raises(requests.Timeout):
+        http.patch(f"{server.url}/v1/things/t1", json={"size": 7}, timeout=0.2)
+    assert applied == []
+    deadline = time.monotonic() + 3
+    while not applied and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert applied == [{"size": 7}]
 
 
 def test_faults_are_managed_over_the_control_api(server: JsonApiServer, http: requests.Session) -> None:

@@ -51,6 +51,13 @@ def test_known_statuses_map_in_any_case_without_error(status: str, state: Instan
     assert mapped.known
 
 
+@pytest.mark.parametrize("status", ["SHUTOFF", "shutoff", "Shutdown", "SHUT_DOWN", "STOPPED", "stopped", "Paused"])
+def test_a_stopped_vm_is_a_machine_that_exists_never_a_deleting_one(status: str) -> None:
+    mapped = map_status(status, "Instance stopped by the user")
+    assert mapped.state == InstanceState.RUNNING
+    assert mapped.error is None and mapped.known
+
+
 @pytest.mark.parametrize("status", ["ERROR", "error", "FAILED", "failed", "CREATE_FAILED", "creation_error"])
 def test_failed_statuses_are_creating_with_an_error(status: str) -> None:
     mapped = map_status(status, "Creation failed: boot volume lost")

@@ -20,6 +20,7 @@ import pytest
 from providers.deadline import Deadline
 from providers.errors import (
     CloudAuthFailed,
+    CloudOutcomeUnknown,
     CloudRequestRejected,
     CloudTimeout,
     CloudUnavailable,
@@ -261,16 +262,47 @@ def test_post_is_not_retried_on_500(server, sleeps):
     assert len(server.seen) == 1
 
 
-def test_post_is_retried_on_429_and_on_503_with_retry_after(server, sleeps):
+def test_post_is_retried_on_429_only(server, sleeps):
     server.answer(
+        Scripted(status=429, headers={"Retry-After": "1"}),
         Scripted(status=429, headers={"Retry-After": "0"}),
-        Scripted(status=503, headers={"Retry-After": "1"}),
         Scripted(body={"done": True}),
     )
     transport = make(server, sleeps)
     assert transport.request("POST", "/x", endpoint="/x", deadline=deadline(), json_body={}).body == {"done": True}
     assert len(server.seen) == 3
     assert sleeps == [1.0]  # Retry-After: 0 needs no sleep
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_a_write_answered_5xx_is_never_repeated_and_may_have_been_applied(server, sleeps, status, method):
+    # Even with Retry-After: the service may have applied the write before failing to answer it.
+    server.answer(Scripted(status=status, headers={"Retry-After": "0"}), Scripted(body={"done": True}))
+    transport = make(server, sleeps)
+    with pytest.raises(CloudOutcomeUnknown, match="may have been applied") as info:
+        transport.request(method, "/x", endpoint="/x", deadline=deadline(), json_body={"size": 3})
+    assert len(server.seen) == 1
+    # 500 and 503 come from the service itself: it is done with the request. 502/504: a gateway gave up.
+    assert info.value.finished == (status in (500, 503))
+
+
+def test_an_idempotent_delete_is_retried_but_reports_that_it_may_have_been_applied(server, sleeps):
+    server.answer(Scripted(status=500), Scripted(status=502))
+    transport = make(server, sleeps, retry=RetryPolicy(attempts=2, base_delay=0))
+    with pytest.raises(CloudOutcomeUnknown) as info:
+        transport.request("DELETE", "/n/1", endpoint="/n/{id}", deadline=deadline())
+    assert len(server.seen) == 2
+    assert not info.value.finished  # the 502 may still be applied later
+
+
+def test_a_write_refused_by_the_rate_limiter_was_not_applied(server, sleeps):
+    server.answer(Scripted(status=429, headers={"Retry-After": "0"}))
+    transport = make(server, sleeps, retry=RetryPolicy(attempts=2, base_delay=0))
+    with pytest.raises(CloudUnavailable) as info:
+        transport.request("PATCH", "/x", endpoint="/x", deadline=deadline(), json_body={})
+    assert not isinstance(info.value, CloudOutcomeUnknown)
+    assert len(server.seen) == 2
 
 
 def test_idempotent_flag_overrides_the_method_default(server, sleeps):
@@ -285,10 +317,10 @@ def test_idempotent_flag_overrides_the_method_default(server, sleeps):
     assert len(server.seen) == 1
 
 
-def test_read_timeout_of_non_idempotent_call_raises_cloud_timeout_at_once(server, sleeps):
+def test_read_timeout_of_non_idempotent_call_is_an_unknown_outcome_at_once(server, sleeps):
     server.answer(Scripted(body={}, delay=1.5))
     transport = make(server, sleeps, max_timeout=0.3)
-    with pytest.raises(CloudTimeout, match="may or may not"):
+    with pytest.raises(CloudOutcomeUnknown, match="may or may not"):
         transport.request("PATCH", "/pools/p", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 1})
     assert len(server.seen) == 1
     assert sleeps == []
@@ -305,8 +337,9 @@ def test_read_timeout_of_idempotent_call_is_retried_then_cloud_timeout(server, s
 def test_dropped_connection_of_non_idempotent_call_is_outcome_unknown(server, sleeps):
     server.answer(Scripted(drop=True))
     transport = make(server, sleeps)
-    with pytest.raises(CloudTimeout, match="may or may not"):
+    with pytest.raises(CloudOutcomeUnknown, match="may or may not") as info:
         transport.request("DELETE", "/n/1", endpoint="/n/{id}", deadline=deadline(), idempotent=False)
+    assert not info.value.finished
     assert len(server.seen) == 1
 
 
