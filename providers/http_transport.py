@@ -205,7 +205,7 @@ class HttpTransport:
 
     def __init__(
         self,
-        provider: str,
+        api: str,
         base_url: str,
         *,
         user_agent: str,
@@ -223,7 +223,7 @@ class HttpTransport:
         """``is_auth_failure(status, body)`` decides whether a 401/403 is a credentials problem
         (default: always). Some clouds answer 403 for other refusals, e.g. Scaleway's
         ``quotas_exceeded``, which must not read as "check your key"."""
-        self.provider = provider
+        self.api = api  # the API this transport calls: the `api` label of its metrics and logs
         self.base_url = base_url.rstrip("/")
         # For messages: a URL may carry user:password@ (some proxies); never repeat that part.
         parts = urlsplit(self.base_url)
@@ -255,7 +255,7 @@ class HttpTransport:
         self._metrics = metrics
         self._backend = str(getattr(metrics, "backend", "") or "")
         if metrics is not None:
-            metrics.set_breaker_state(self.provider, self._breaker.state)
+            metrics.set_breaker_state(self.api, self._breaker.state)
 
     def close(self) -> None:
         self._session.close()
@@ -294,7 +294,7 @@ class HttpTransport:
         admitted, probe, wait = self._breaker.admit()
         if not admitted:
             raise CloudUnavailable(
-                f"{self.provider} API calls are suspended for {wait:.0f}s more after repeated failures "
+                f"{self.api} API calls are suspended for {wait:.0f}s more after repeated failures "
                 f"(circuit breaker open; {method} {endpoint} not sent); check the cloud's status page and "
                 "network path, the breaker probes again automatically"
             )
@@ -438,7 +438,7 @@ class HttpTransport:
         if self._metrics is not None:
             label = outcome.label
             status: int | str = int(label) if label.isdigit() else label
-            self._metrics.observe_cloud_request(self.provider, endpoint, method, status, seconds, attempt > 1)
+            self._metrics.observe_cloud_request(self.api, endpoint, method, status, seconds, attempt > 1)
         return replace(outcome, seconds=seconds)
 
     def _log_attempt(
@@ -450,7 +450,7 @@ class HttpTransport:
         if not log.isEnabledFor(level):
             return
         extra: dict[str, Any] = {
-            "api": self.provider,
+            "api": self.api,
             "method": method,
             "endpoint": endpoint,
             "status": label,
@@ -465,7 +465,7 @@ class HttpTransport:
         log.log(
             level,
             "%s %s %s -> %s in %.0fms%s",
-            self.provider,
+            self.api,
             method,
             endpoint,
             label,
@@ -477,12 +477,12 @@ class HttpTransport:
     def _breaker_changed(self, state: str) -> None:
         log.warning(
             "%s API circuit breaker is now %s",
-            self.provider,
+            self.api,
             state,
-            extra={"provider": self.provider, "breaker": state},
+            extra={"api": self.api, "breaker": state},
         )
         if self._metrics is not None:
-            self._metrics.set_breaker_state(self.provider, state)
+            self._metrics.set_breaker_state(self.api, state)
 
     @staticmethod
     def _certainly_not_processed(outcome: _Outcome) -> bool:
@@ -505,7 +505,7 @@ class HttpTransport:
         return CloudOutcomeUnknown(text, finished=not may_land_later)
 
     def _transient_error(self, outcome: _Outcome, method: str, endpoint: str, idempotent: bool) -> CloudUnavailable:
-        what = f"{self.provider} API {method} {endpoint}"
+        what = f"{self.api} API {method} {endpoint}"
         if outcome.response is not None:
             detail = self._describe_body(outcome.response)
             return CloudUnavailable(
@@ -545,7 +545,7 @@ class HttpTransport:
             reason = ""
         if not reason:
             reason = self._describe_body(response).removeprefix(": ")
-        what = f"{self.provider} API {method} {endpoint} answered {status}"
+        what = f"{self.api} API {method} {endpoint} answered {status}"
         if status in (401, 403) and (self._is_auth_failure is None or self._is_auth_failure(status, body)):
             hint = (
                 "the credentials were refused; check the secret key/token and that it may manage this cluster"
@@ -571,7 +571,7 @@ class HttpTransport:
         content_type = response.headers.get("Content-Type", "")
         if "json" not in content_type.lower():
             raise CloudUnavailable(
-                f"malformed answer from {self.provider} API {method} {endpoint}: expected JSON, got content "
+                f"malformed answer from {self.api} API {method} {endpoint}: expected JSON, got content "
                 f"type {content_type or 'none'!r} (a proxy or captive portal in the path?)"
             )
         try:
@@ -579,7 +579,7 @@ class HttpTransport:
         except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not text
             why = f"{exc.msg} at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
             raise CloudUnavailable(
-                f"malformed answer from {self.provider} API {method} {endpoint}: invalid JSON ({why})"
+                f"malformed answer from {self.api} API {method} {endpoint}: invalid JSON ({why})"
             ) from None
         return JsonResponse(response.status_code, response.headers, body)
 

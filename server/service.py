@@ -1,7 +1,7 @@
 """The externalgrpc CloudProvider servicer: proto in, domain call, proto out.
 
-Thin by design (DESIGN.md): it never talks HTTP, translates messages, and maps domain errors through
-the one table in server/errors.py. Generation quirks live in server/compat.py. Hot reads are answered
+Thin by design (docs/architecture.md, "Layers"): it never talks HTTP, translates messages, and maps
+domain errors through the one table in server/errors.py. Generation quirks live in server/compat.py. Hot reads are answered
 from prebuilt messages cached per snapshot version.
 """
 
@@ -318,7 +318,8 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
             cached = (key, response)
             self._template_msgs[gid] = cached
         if cached[1] is None:
-            # Never OK-with-empty bytes: that makes the CA dereference a nil NodeInfo (section 3.1).
+            # Never OK-with-empty bytes: that makes the CA dereference a nil NodeInfo and crash
+            # (docs/protocol.md, "What crashes the CA or stops its loop").
             raise NotSupported(
                 f"no node template for node group {gid!r}; configure node_groups.{gid}.template "
                 "(labels, capacity, allocatable) to enable scale-from-zero"

@@ -2,7 +2,7 @@
 
 Upstream matched only lower-case ``provisioning``/``running``/``draining``/``deleting`` and turned
 everything else (including the ``ACTIVE`` every public fixture shows) into an error without a
-state, which externalgrpc drops (reference/bizfly-api.md section 3.6). Here the comparison ignores
+state, which externalgrpc drops (docs/protocol.md, "Instance status"). Here the comparison ignores
 case and separators, the real vocabulary is accepted, failures become CREATING + an error (so the
 CA gives up on the machine quickly and backs off the pool, as it does for Scaleway's
 ``creation_error``), and an unknown status is reported once and treated as CREATING: the CA then
@@ -135,5 +135,5 @@ def _report_unknown(status: str) -> None:
     log.warning(
         "unknown Bizfly node status %r; treating the node as still being created",
         status,
-        extra={"provider": "bizfly", "node_status": status},
+        extra={"cloud": "bizfly", "node_status": status},
     )
