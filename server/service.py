@@ -1,8 +1,8 @@
 """The externalgrpc CloudProvider servicer: proto in, domain call, proto out.
 
 Thin by design (docs/architecture.md, "Layers"): it never talks HTTP, translates messages, and maps
-domain errors through the one table in server/errors.py. Generation quirks live in server/compat.py. Hot reads are answered
-from prebuilt messages cached per snapshot version.
+domain errors through the one table in server/errors.py. Generation quirks live in server/compat.py.
+Hot reads are answered from prebuilt messages cached per snapshot version.
 """
 
 from __future__ import annotations
