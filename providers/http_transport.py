@@ -280,17 +280,22 @@ class HttpTransport:
         params: Mapping[str, Any] | None = None,
         json_body: Any = None,
         idempotent: bool | None = None,
+        changes_cloud: bool | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> JsonResponse:
         """Send one logical call; return the parsed 2xx answer or raise a ``providers.errors`` type.
 
         ``endpoint`` is the route template ("GET /pools/{pool_id}" style names are fine) used for
         metrics and messages; the concrete path never appears in them (it may carry ids users grep
-        for, but the template keeps metric cardinality bounded).
+        for, but the template keeps metric cardinality bounded). ``changes_cloud`` (default: any
+        write method) says whether an unclear answer leaves the cloud's state unknown; a login POST
+        changes nothing the server tracks, so its failures are plain ``CloudUnavailable``.
         """
         method = method.upper()
         if idempotent is None:
             idempotent = method in _IDEMPOTENT_METHODS
+        if changes_cloud is None:
+            changes_cloud = method in _WRITE_METHODS
         admitted, probe, wait = self._breaker.admit()
         if not admitted:
             raise CloudUnavailable(
@@ -299,13 +304,20 @@ class HttpTransport:
                 "network path, the breaker probes again automatically"
             )
         try:
-            response = self._call(method, path, endpoint, deadline, params, json_body, idempotent, headers, probe)
+            response = self._call(
+                method, path, endpoint, deadline, params, json_body, idempotent, changes_cloud, headers, probe
+            )
         except CloudUnavailable:
             self._breaker.record(success=False, probe=probe)
             raise
+        except (CloudAuthFailed, CloudRequestRejected):
+            # The cloud answered (a refusal is still an answer): never a failure for the breaker, and
+            # a half-open probe answered this way shows the cloud is back, so the breaker closes.
+            if probe:
+                self._breaker.record(success=True, probe=True)
+            raise
         except BaseException:
-            # Auth failures, rejections and too-short deadlines say the cloud answered (or was
-            # never asked): they do not count against the breaker.
+            # A too-short deadline (the cloud was never asked) says nothing about the cloud.
             if probe:
                 self._breaker.release_probe()
             raise
@@ -322,6 +334,7 @@ class HttpTransport:
         params: Mapping[str, Any] | None,
         json_body: Any,
         idempotent: bool,
+        changes_cloud: bool,
         extra_headers: Mapping[str, str] | None,
         probe: bool,
     ) -> JsonResponse:
@@ -359,7 +372,7 @@ class HttpTransport:
 
             # Transient: a retryable status or no answer at all.
             failure = self._transient_error(outcome, method, endpoint, idempotent)
-            if method in _WRITE_METHODS and not self._certainly_not_processed(outcome):
+            if changes_cloud and not self._certainly_not_processed(outcome):
                 maybe_applied = True
                 may_land_later = may_land_later or response is None or response.status_code not in _FINISHED_FAILURES
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None

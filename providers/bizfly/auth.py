@@ -191,8 +191,10 @@ class TokenSource:
                 endpoint="/token",
                 deadline=deadline,
                 json_body=token_request_body(self._config),
-                # Asking for a token twice has no effect beyond a second token: safe to retry.
+                # Asking for a token twice has no effect beyond a second token: safe to retry, and a
+                # failed login leaves no cloud change to reconcile.
                 idempotent=True,
+                changes_cloud=False,
                 headers={**tenant_headers(self._config), "X-Auth-Type": "token"},
             )
         except CloudAuthFailed as err:

@@ -317,6 +317,19 @@ def test_idempotent_flag_overrides_the_method_default(server, sleeps):
     assert len(server.seen) == 1
 
 
+def test_a_login_post_that_fails_is_unavailable_not_an_unknown_cloud_change(server, sleeps):
+    # A token request changes nothing the server tracks: its 5xx must not read as "the change may have
+    # been applied" (which would make an IncreaseSize that never sent its PATCH read the pool back).
+    server.answer(Scripted(status=503), Scripted(status=503))
+    transport = make(server, sleeps, retry=RetryPolicy(attempts=2, base_delay=0))
+    with pytest.raises(CloudUnavailable) as info:
+        transport.request(
+            "POST", "/token", endpoint="/token", deadline=deadline(), idempotent=True, changes_cloud=False
+        )
+    assert not isinstance(info.value, CloudOutcomeUnknown)
+    assert len(server.seen) == 2
+
+
 def test_read_timeout_of_non_idempotent_call_is_an_unknown_outcome_at_once(server, sleeps):
     server.answer(Scripted(body={}, delay=1.5))
     transport = make(server, sleeps, max_timeout=0.3)
@@ -483,6 +496,23 @@ def test_failed_half_open_probe_reopens_the_breaker(server, sleeps):
         transport.request("GET", "/x", endpoint="/x", deadline=deadline())
     assert len(server.seen) == seen_before + 1  # the probe is a single attempt
     assert transport.breaker_state == "open"
+
+
+def test_half_open_probe_answered_with_a_refusal_closes_the_breaker(server, sleeps):
+    # A 404 (or 401/403) is the cloud answering: it is back, so the breaker must not stay half-open.
+    clock = FakeClock()
+    transport = make(
+        server, sleeps, clock=clock, retry=RetryPolicy(attempts=1), breaker=BreakerSettings(1, reset_after=10)
+    )
+    server.answer(Scripted(status=503))
+    with pytest.raises(CloudUnavailable):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert transport.breaker_state == "open"
+    clock.now += 11
+    server.answer(Scripted(status=404, body={"message": "not found"}))
+    with pytest.raises(CloudRequestRejected):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert transport.breaker_state == "closed"
 
 
 def test_client_errors_do_not_open_the_breaker(server, sleeps):
