@@ -1,0 +1,117 @@
+"""Fixtures and reporting for the end-to-end scenarios (the real cluster-autoscaler binary).
+
+The smoke scenarios (one scale-up, one scale-down, a short steady state) run with ``make test``;
+every scenario marked ``e2e`` runs only with ``make e2e`` (``pytest tests/e2e --e2e``). The programs
+come from the Go build step (``make build``); a missing one fails the scenario with one line naming
+it and the command that builds it. Each scenario prints, at the end of the run, the time from its
+pending pod to the cloud call and to the pod running.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.control_plane import ControlPlanePrograms
+from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout
+from tests.e2e.report import TIMINGS
+
+StartEnvironment = Callable[..., E2EEnvironment]
+DEFAULT_STEADY_SECONDS = 20.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--e2e", action="store_true", default=False, help="also run the scenarios marked e2e")
+    parser.addoption(
+        "--steady-seconds",
+        type=float,
+        default=None,
+        help=f"length of the steady-state scenario (default {DEFAULT_STEADY_SECONDS:.0f}s; make e2e passes 180)",
+    )
+
+
+def _option(config: pytest.Config, name: str) -> object:
+    # Registered only when this folder is on the command line; under ``pytest tests`` read it defensively.
+    try:
+        return config.getoption(name)
+    except ValueError:
+        return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _option(config, "--e2e"):
+        return
+    selected: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        (deselected if item.get_closest_marker("e2e") else selected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+@pytest.fixture(scope="session")
+def programs() -> AutoscalerPrograms:
+    return resolve_programs()
+
+
+def resolve_programs() -> AutoscalerPrograms:
+    override = os.environ.get("E2E_BIN_DIR")
+    if override:
+        base = Path(override)
+        paths = {name: base / name for name in PROGRAM_NAMES}
+    else:
+        from tests.support.gobuild import GoBuildError, binary_path
+
+        try:
+            paths = {name: binary_path(name) for name in PROGRAM_NAMES}
+        except GoBuildError as err:
+            pytest.fail(str(err), pytrace=False)
+    missing = [str(path) for path in paths.values() if not path.is_file()]
+    if missing:
+        pytest.fail(f"not built: {', '.join(missing)}: run `make build`", pytrace=False)
+    return AutoscalerPrograms(
+        ControlPlanePrograms(
+            etcd=paths[ETCD], kube_apiserver=paths[KUBE_APISERVER], kube_scheduler=paths[KUBE_SCHEDULER]
+        ),
+        cluster_autoscaler=paths[CLUSTER_AUTOSCALER],
+    )
+
+
+CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
+KUBE_APISERVER = "kube-apiserver-1.36.2"
+KUBE_SCHEDULER = "kube-scheduler-1.36.2"
+ETCD = "etcd-3.6.8"
+PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
+
+
+@pytest.fixture
+def steady_seconds(request: pytest.FixtureRequest) -> float:
+    value = _option(request.config, "--steady-seconds")
+    return float(value) if isinstance(value, int | float) else DEFAULT_STEADY_SECONDS
+
+
+@pytest.fixture
+def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[StartEnvironment]:
+    """A factory: ``start_environment(layout, ca_flags=None)`` -> a running ``E2EEnvironment``."""
+    started: list[E2EEnvironment] = []
+
+    def start(layout: Layout, ca_flags: dict[str, str] | None = None) -> E2EEnvironment:
+        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags)
+        started.append(env)
+        return env.start()
+
+    yield start
+    for env in started:
+        env.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not TIMINGS:
+        return
+    terminalreporter.section("e2e timings (real cluster-autoscaler 1.36.1)")
+    for timing in TIMINGS:
+        terminalreporter.write_line(timing.line())
