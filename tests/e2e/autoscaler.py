@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.processes import ManagedProcess
+from tests.e2e.processes import ManagedProcess, free_port
 
 SCAN_INTERVAL = "2s"
 # Flags every scenario shares; a scenario adds or overrides through ``extra_flags``.
@@ -35,7 +37,6 @@ BASE_FLAGS: dict[str, str] = {
     "new-pod-scale-up-delay": "0s",
     "expander": "least-waste",
     "leader-elect": "false",
-    "address": "127.0.0.1:0",
     "logging-format": "json",
     "v": "4",
     "max-inactivity": "10m",
@@ -115,6 +116,8 @@ class Autoscaler:
         flags = {**BASE_FLAGS, **(extra_flags or {})}
         flags["kubeconfig"] = str(kubeconfig)
         flags["cloud-config"] = str(cloud_config)
+        self.metrics_port = free_port()
+        flags["address"] = f"127.0.0.1:{self.metrics_port}"
         self.flags = flags
         self.argv = [str(program), *(f"--{k}={v}" for k, v in flags.items())]
         self.log_path = workdir / "logs" / "cluster-autoscaler.log"
@@ -132,6 +135,22 @@ class Autoscaler:
 
     def stop(self) -> None:
         self.process.stop()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``cluster_autoscaler_<name>`` whose labels include ``labels``."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode()
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == f"cluster_autoscaler_{name}" and labels.items() <= sample.labels.items():
+                    total += sample.value
+        return total
+
+    def last_successful_loop(self) -> float:
+        """Wall-clock time the last main loop finished without error (the CA's own metric)."""
+        return self.metric("last_activity", activity="mainSuccessful")
 
     def wait_for_loops(self, count: int, since: float, timeout: float) -> list[LogEntry]:
         """Block until ``count`` loops started after ``since`` have finished (the next one began)."""

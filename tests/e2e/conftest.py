@@ -96,11 +96,15 @@ def steady_seconds(request: pytest.FixtureRequest) -> float:
 
 @pytest.fixture
 def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[StartEnvironment]:
-    """A factory: ``start_environment(layout, ca_flags=None)`` -> a running ``E2EEnvironment``."""
+    """A factory: ``start_environment(layout, ca_flags=None, prepare=None)`` -> a running ``E2EEnvironment``."""
     started: list[E2EEnvironment] = []
 
-    def start(layout: Layout, ca_flags: dict[str, str] | None = None) -> E2EEnvironment:
-        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags)
+    def start(
+        layout: Layout,
+        ca_flags: dict[str, str] | None = None,
+        prepare: Callable[[E2EEnvironment], None] | None = None,
+    ) -> E2EEnvironment:
+        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare)
         started.append(env)
         return env.start()
 

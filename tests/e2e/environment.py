@@ -9,6 +9,7 @@ Everything a run writes (configs, certificates, logs) stays in its work folder f
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -51,6 +52,24 @@ DELETE_ROUTES = {"scaleway": "delete_node", "bizfly": "delete_node"}
 class AutoscalerPrograms:
     control_plane: ControlPlanePrograms
     cluster_autoscaler: Path
+
+
+def scaleway_pool(name: str, node_type: str, size: int, min_size: int, max_size: int, **extra: Any) -> dict[str, Any]:
+    """A pool of the Scaleway simulator's scenario format, with ``size`` ready nodes."""
+    return {"name": name, "node_type": node_type, "size": size, "min_size": min_size, "max_size": max_size, **extra}
+
+
+def bizfly_pool(name: str, flavor: str, size: int, min_size: int, max_size: int, **extra: Any) -> dict[str, Any]:
+    """A worker pool of the Bizfly simulator's scenario format, autoscaled, with ``size`` running nodes."""
+    return {
+        "name": name,
+        "flavor": flavor,
+        "desired_size": size,
+        "min_size": min_size,
+        "max_size": max_size,
+        "enable_autoscaling": True,
+        **extra,
+    }
 
 
 @dataclass
@@ -104,6 +123,16 @@ class OurServer:
             self.process.stop()
         self.channel.close()
 
+    def rpc_log(self, method: str) -> list[dict[str, Any]]:
+        """The server's JSON log records of the mutating RPC ``method`` (reads are not logged one by one)."""
+        records = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("grpc_method") == method:
+                    records.append(record)
+        return records
+
     def group_ids(self) -> list[str]:
         return [g.id for g in self.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups]
 
@@ -138,7 +167,9 @@ class E2EEnvironment:
         workdir: Path,
         layout: Layout,
         ca_flags: Mapping[str, str] | None = None,
+        prepare: Callable[[E2EEnvironment], None] | None = None,
     ) -> None:
+        self.prepare = prepare
         self.programs = programs
         self.workdir = workdir
         self.layout = layout
@@ -180,6 +211,8 @@ class E2EEnvironment:
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         self.agent = NodeAgent(self.api, [scaleway_source(self.scaleway.url), bizfly_source(self.bizfly.url)]).start()
         self.wait_for(self._machines_registered, 30, "the running machines registered as Ready nodes")
+        if self.prepare is not None:
+            self.prepare(self)  # e.g. pods pinned to nodes, in place before the CA's first loop
         cloud_config = write_cloud_config(self.workdir / "cloud-config.yaml", self.server.address)
         self.autoscaler = Autoscaler(
             self.programs.cluster_autoscaler,
