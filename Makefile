@@ -7,11 +7,14 @@ GO_CACHE_DIR ?= $(HOME)/.cache/ca-externalgrpc-go
 
 .PHONY: install protos protos-check run test unit integration conformance lint typecheck bench soak clean image deploy-check
 
+# Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
+# prints (a folder named like the package may shadow it) is filtered out; errors still show.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+	@$(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+	@echo "installed into $(VENV): $(VENV)/bin/ca-externalgrpc --version prints $$($(VENV)/bin/ca-externalgrpc --version)"
 
 install: $(STAMP)
 
@@ -22,15 +25,18 @@ protos: $(STAMP)
 protos-check: $(STAMP)
 	$(PY) -m server.protogen --check
 
+# The demo: our server in front of both simulated clouds. Other ports: make run LISTEN=... HTTP_LISTEN=...
+LISTEN ?= 127.0.0.1:8086
+HTTP_LISTEN ?= 127.0.0.1:8087
 run: $(STAMP)
-	$(VENV)/bin/ca-externalgrpc demo --listen 127.0.0.1:8086
+	@$(PY) -m devstack --listen $(LISTEN) --http-listen $(HTTP_LISTEN)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy server providers simulators
+	$(VENV)/bin/mypy server providers simulators devstack
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -14,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.backend import Backend
+from providers.config_errors import ConfigError
 from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
@@ -43,15 +47,68 @@ def build_backends(config: ServerConfig) -> list[Backend]:
     return backends
 
 
+class ListenError(OSError):
+    """A port the config names cannot be bound; ``setting`` is the config key that chose it."""
+
+    def __init__(self, setting: str, address: str, purpose: str, reason: str) -> None:
+        super().__init__(f"cannot listen on {address} for {purpose}: {reason}")
+        self.setting = setting
+        self.address = address
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    """Why binding ``host:port`` would fail, found with a throwaway socket before grpcio tries.
+
+    grpcio only raises "Failed to bind" and writes the reason to stderr itself, so the reason is
+    taken from the same bind done here (with SO_REUSEADDR, as grpcio binds).
+    """
+    if port == 0:
+        return None
+    try:
+        candidates = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return f"{host!r} does not resolve to an address"
+    problems = []
+    for family, kind, proto, _name, sockaddr in candidates:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(sockaddr)
+                return None
+            except OSError as err:
+                problems.append(_bind_reason(err))
+    return problems[0] if problems else None
+
+
+def _bind_reason(err: OSError) -> str:
+    if err.errno == errno.EADDRINUSE:
+        return "the port is already in use by another process"
+    if err.errno == errno.EADDRNOTAVAIL:
+        return "the address is not one of this machine's"
+    if err.errno == errno.EACCES:
+        return "permission denied (ports below 1024 need privileges)"
+    return err.strerror or str(err)
+
+
+def _read_pem(key: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise ConfigError(
+            key, f"cannot read {path}: {err.strerror or err}", "make the file readable by the server"
+        ) from None
+
+
 def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     tls = config.tls
     if tls is None:
         return None
-    pair = (tls.key.read_bytes(), tls.cert.read_bytes())
+    pair = (_read_pem("tls.key", tls.key), _read_pem("tls.cert", tls.cert))
     if tls.client_ca is None:
         return grpc.ssl_server_credentials([pair])
     # Same semantics as the CA's cloud-config and the upstream example: a CA given => client cert required.
-    return grpc.ssl_server_credentials([pair], root_certificates=tls.client_ca.read_bytes(), require_client_auth=True)
+    client_ca = _read_pem("tls.client_ca", tls.client_ca)
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=True)
 
 
 @dataclass
@@ -68,8 +125,14 @@ class RunningServer:
 
     @property
     def address(self) -> str:
-        host = self.config.listen[0]
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return _join(self.config.listen[0], self.port)
+
+    @property
+    def http_address(self) -> str | None:
+        """``host:port`` of the HTTP probes and /metrics (the bound port, also with port 0), if served."""
+        if self.http is None or self.config.http_listen is None:
+            return None
+        return _join(self.config.http_listen[0], self.http.port)  # type: ignore[attr-defined]
 
     def ready(self) -> tuple[bool, str]:
         problems = []
@@ -122,13 +185,19 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    host, port = config.listen
-    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     creds = _credentials(config)
-    bound = server.add_secure_port(bind, creds) if creds is not None else server.add_insecure_port(bind)
-    if bound == 0:
-        raise OSError(f"cannot listen on {bind} (address in use or not local)")
+    bound = _bind_grpc(server, config.listen, creds)
     running = RunningServer(config, server, registry, service, health_servicer, bound, metrics=metrics)
+    if config.http_listen is not None:
+        # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
+        try:
+            running.http = _serve_http(config, running)
+        except OSError as err:
+            server.stop(None)
+            http_host, http_port = config.http_listen
+            raise ListenError(
+                "http_listen", _join(http_host, http_port), "the HTTP probes and /metrics", _bind_reason(err)
+            ) from None
     for backend in registry.backends:
         backend.listeners.append(running.update_health)
         if metrics is not None:
@@ -141,18 +210,38 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
-    if config.http_listen is not None:
-        running.http = _serve_http(config, running)
     log.info(
         "serving",
         extra={
             "address": running.address,
+            "http_address": running.http_address,
             "tls": config.tls is not None,
             "mtls": bool(config.tls and config.tls.client_ca),
             "backends": [b.name for b in registry.backends],
         },
     )
     return running
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind_grpc(server: grpc.Server, listen: tuple[str, int], creds: grpc.ServerCredentials | None) -> int:
+    """Bind the gRPC port; the bound port (the one chosen by the kernel for port 0)."""
+    host, port = listen
+    bind = _join(host, port)
+    problem = _bind_problem(host, port)
+    if problem is None:
+        try:
+            bound = server.add_secure_port(bind, creds) if creds is not None else server.add_insecure_port(bind)
+        except RuntimeError:  # lost a race for the port since the check
+            bound = 0
+        if bound == 0:
+            problem = _bind_problem(host, port) or "grpcio could not bind it"
+    if problem is not None:
+        raise ListenError("listen", bind, "gRPC", problem)
+    return bound
 
 
 def _metrics():  # type: ignore[no-untyped-def]

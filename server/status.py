@@ -16,15 +16,28 @@ from protos import externalgrpc_pb2_grpc as pb_grpc
 STATES = {1: "running", 2: "creating", 3: "deleting", 0: "unknown"}
 
 
+class UnreadableFile(Exception):
+    """A certificate or key file named on the command line cannot be read."""
+
+
+def _read(flag: str, path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as err:
+        raise UnreadableFile(f"cannot read {flag} {path}: {err.strerror or err}") from None
+
+
 def open_channel(
     address: str, cert: str | None, key: str | None, cacert: str | None, server_name: str | None = None
 ) -> grpc.Channel:
     if not cert and not cacert:
         return grpc.insecure_channel(address)
     creds = grpc.ssl_channel_credentials(
-        root_certificates=Path(cacert).read_bytes() if cacert else None,
-        private_key=Path(key).read_bytes() if key else None,
-        certificate_chain=Path(cert).read_bytes() if cert else None,
+        root_certificates=_read("--cacert", cacert),
+        private_key=_read("--key", key),
+        certificate_chain=_read("--cert", cert),
     )
     # Through `kubectl port-forward` the address is localhost, which the server certificate does not name.
     options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
@@ -136,7 +149,12 @@ def print_status(
     timeout: float = 5.0,
     server_name: str | None = None,
 ) -> int:
-    with open_channel(address, cert, key, cacert, server_name) as channel:
+    try:
+        channel = open_channel(address, cert, key, cacert, server_name)
+    except UnreadableFile as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with channel:
         try:
             rows, backends = collect(channel, timeout)
         except grpc.RpcError as err:

@@ -31,7 +31,7 @@ from typing import Any
 
 from tests.bench import golang, report
 from tests.bench.cluster import BenchCluster, start_cluster, write_node_list
-from tests.bench.servers import ServerProcess, ServerStartError, start_go_reference, start_ours, start_upstream
+from tests.bench.servers import BenchedServer, ServerStartError, start_go_reference, start_ours, start_upstream
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "ca-externalgrpc-bench"
 LOAD_CLIENT_TIMEOUT = 1800.0
@@ -60,13 +60,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _start_profiler(server: ServerProcess, out: Path, nodes: int) -> subprocess.Popen[bytes]:
+def _start_profiler(server: BenchedServer, out: Path, nodes: int) -> subprocess.Popen[bytes]:
     """Attach py-spy to the running server, so the measured process (and its RSS) stays the server."""
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         raise SystemExit("--profile needs py-spy on PATH (pip install py-spy)")
     target = out / f"ours-{nodes}.speedscope.json"
-    argv = [py_spy, "record", "--pid", str(server.pid), "--format", "speedscope", "--rate", "250", "-o", str(target)]
+    argv = [
+        py_spy,
+        "record",
+        "--pid",
+        str(server.process.pid),
+        "--format",
+        "speedscope",
+        "--rate",
+        "250",
+        "-o",
+        str(target),
+    ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -81,7 +92,7 @@ def _stop_profiler(profiler: subprocess.Popen[bytes] | None) -> None:
 
 
 def _run_load_client(
-    client: Path, servers: dict[str, ServerProcess], nodes_file: Path, cluster: BenchCluster, args: argparse.Namespace
+    client: Path, servers: dict[str, BenchedServer], nodes_file: Path, cluster: BenchCluster, args: argparse.Namespace
 ) -> dict[str, Any]:
     result_file = nodes_file.with_name(f"loadclient-{nodes_file.stem}.json")
     argv = [str(client), "-nodes", str(nodes_file), "-loops", str(args.loops), "-warmup", str(args.warmup)]
@@ -103,7 +114,7 @@ def run_size(
     workdir = out / f"nodes_{nodes}"
     workdir.mkdir(parents=True, exist_ok=True)
     cluster = start_cluster(args.pools, nodes)
-    servers: dict[str, ServerProcess] = {}
+    servers: dict[str, BenchedServer] = {}
     profiler: subprocess.Popen[bytes] | None = None
     try:
         nodes_file = workdir / "nodes.json"
@@ -118,7 +129,7 @@ def run_size(
             if args.profile:
                 profiler = _start_profiler(servers["ours"], out, nodes)
         # A fixed order within each round (ours first); the alternation spreads drift over all servers.
-        ordered: dict[str, ServerProcess] = {n: servers[n] for n in ("ours", "upstream", "goref") if n in servers}
+        ordered: dict[str, BenchedServer] = {n: servers[n] for n in ("ours", "upstream", "goref") if n in servers}
         raw = _run_load_client(client, ordered, nodes_file, cluster, args)
         _stop_profiler(profiler)
         profiler = None
@@ -129,13 +140,12 @@ def run_size(
             target = raw["targets"][name]
             report.check_target(name, target, expected)
             startup = server.startup
-            assert startup is not None  # every start_* function sets it before returning
             summaries[name] = report.summarize_target(
                 target,
                 requests[name],
                 args.loops,
                 raw["measure_seconds"],
-                server.memory(),
+                server.process.memory(),
                 {
                     "serving_s": startup.serving_s,
                     "node_groups_s": startup.node_groups_s,

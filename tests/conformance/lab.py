@@ -18,15 +18,14 @@ from typing import Any
 
 import yaml
 
-from server import app
-from server.app import RunningServer
-from server.config import parse
-from simulators.bizfly import DEFAULT_USERS, BizflySimulator
+from devstack.certs import Pki
+from devstack.clouds import bizfly_backend, scaleway_backend
+from devstack.harness import InProcessServer, server_config
+from simulators.bizfly import BizflySimulator
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
 from simulators.scaleway.catalog import GPU_LABEL as SCALEWAY_GPU_LABEL
 from simulators.scaleway.catalog import NODE_TYPES as SCALEWAY_NODE_TYPES
-from tests.support.certs import Pki
 
 # ---------------------------------------------------------------------------------------------
 # The situations the lab sets up. Names are for humans; ids come from the simulators.
@@ -207,7 +206,7 @@ class Lab:
         self.pki = pki
         self.scaleway = ScalewaySimulator(scenario=SCALEWAY_SCENARIO, clock=ManualClock())
         self.bizfly = BizflySimulator(scenario=BIZFLY_SCENARIO, clock=ManualClock())
-        self.server: RunningServer | None = None
+        self.server: InProcessServer | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> Lab:
@@ -215,7 +214,8 @@ class Lab:
             self.scaleway.start()
             self.bizfly.start()
             self._shape_states()
-            self.server = app.start(parse(self._server_config(), env={}, base=self.workdir))
+            # The config is generated: environment variables must not redirect it to a real cloud.
+            self.server = InProcessServer(self._server_config(), env={}, base=self.workdir)
             self._wait_until_synced()
         except BaseException:
             self.close()
@@ -235,7 +235,7 @@ class Lab:
     @property
     def endpoint(self) -> Endpoint:
         assert self.server is not None
-        return Endpoint(f"127.0.0.1:{self.server.port}", self.pki is not None, self.pki)
+        return Endpoint(self.server.address, self.pki is not None, self.pki)
 
     # ----- setup ----------------------------------------------------------------------------------
     def _scw_pools(self) -> dict[str, Any]:
@@ -260,54 +260,27 @@ class Lab:
         self.bizfly.set_node_status(active[-1]["id"], "DELETING")
 
     def _server_config(self) -> dict[str, Any]:
-        email, password = next(iter(DEFAULT_USERS.items()))
         scw_pools = self._scw_pools()
-        config: dict[str, Any] = {
-            "listen": "127.0.0.1:0",
-            "http_listen": None,
-            "shutdown_grace": "1s",
-            "log": {"format": "text", "level": "error"},
-            "backends": [
-                # Scaleway first: its GPU label is the one GPULabel reports (the first backend's).
-                {
-                    "name": "scw",
-                    "type": "scaleway",
-                    "scaleway": {
-                        "cluster_id": self.scaleway.cluster_id,
-                        "region": self.scaleway.region,
-                        "api_url": self.scaleway.url,
-                        "secret_key": self.scaleway.secret_key,
-                    },
-                    "node_groups": {scw_pools[name].id: cfg for name, cfg in SCALEWAY_GROUP_CONFIG.items()},
-                },
-                {
-                    "name": "bizfly",
-                    "type": "bizfly",
-                    "bizfly": {
-                        "auth_method": "password",
-                        "email": email,
-                        "password": password,
-                        "region": "HN",
-                        "api_url": self.bizfly.url,
-                        "token_url": self.bizfly.token_url,
-                        "cluster_name": str(self._bizfly_cluster()["uid"]),
-                    },
-                },
-            ],
-        }
-        if self.pki is not None:
-            config["tls"] = {
-                "cert": str(self.pki.server_cert),
-                "key": str(self.pki.server_key),
-                "client_ca": str(self.pki.ca_cert),
-            }
-        return config
+        scw_groups = {scw_pools[name].id: cfg for name, cfg in SCALEWAY_GROUP_CONFIG.items()}
+        backends = [
+            # Scaleway first: its GPU label is the one GPULabel reports (the first backend's).
+            scaleway_backend(self.scaleway, "scw", node_groups=scw_groups),
+            bizfly_backend(self.bizfly, "bizfly"),
+        ]
+        return server_config(
+            backends,
+            http=False,
+            pki=self.pki,
+            mtls=self.pki is not None,
+            shutdown_grace="1s",
+            log={"format": "text", "level": "error"},
+        )
 
     def _wait_until_synced(self) -> None:
         assert self.server is not None
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
-            ready, why = self.server.ready()
+            ready, why = self.server.running.ready()
             if ready:
                 return
             if time.monotonic() > deadline:

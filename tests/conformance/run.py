@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devstack.certs import Pki, make_pki
 from tests.conformance.lab import Endpoint, Lab
-from tests.support.certs import Pki, make_pki
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

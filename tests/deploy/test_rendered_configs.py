@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devstack.certs import make_pki
 from tests.deploy.rendering import OVERLAYS, REPO, one, render
-from tests.support.certs import make_pki
 
 #: Values standing in for the placeholders of the Secret templates (``"<...>"``). Values that are
 #: not placeholders (regions, the auth method) are used as written, so they get validated too.

@@ -14,11 +14,11 @@ from pathlib import Path
 import grpc
 import pytest
 
+from devstack.harness import SCW_SECRET, running_stack
 from protos import externalgrpc_pb2 as pb
 from server.logs import configure_logging
 from simulators.common import Fault
 from tests.integration.test_server_rpcs import GENERAL, SCENARIO, SMALL
-from tests.support.stack import SCW_SECRET, running_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 

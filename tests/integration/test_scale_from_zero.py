@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from devstack.harness import running_stack
 from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
 from simulators.bizfly import demo_scenario as bizfly_demo
-from tests.support.stack import running_stack
 
 SCW_POOL = "cccccccc-0000-4000-8000-000000000001"
 SCW_SCENARIO = {

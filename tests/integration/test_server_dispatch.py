@@ -11,10 +11,10 @@ import copy
 import grpc
 import pytest
 
+from devstack.harness import running_stack
 from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
 from simulators.bizfly import demo_scenario as bizfly_demo
-from tests.support.stack import running_stack
 
 MYSTERY = "5f959e0ac0b18944d0a4f1ff"
 OVERRIDDEN = "5f959e0ac0b18944d0a4f1fe"

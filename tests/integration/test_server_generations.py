@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from devstack.harness import running_stack
 from protos import k8s_core_v1_pb2 as k8s
 from tests.integration.test_server_rpcs import GENERAL, OPTIONS, SCENARIO, SMALL
-from tests.support.stack import running_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 

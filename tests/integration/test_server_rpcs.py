@@ -9,9 +9,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from devstack.harness import Stack, running_stack
 from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
-from tests.support.stack import Stack, running_stack
 
 CLUSTER = "11111111-2222-4333-8444-555555555555"
 GENERAL = "aaaaaaaa-0000-4000-8000-000000000001"

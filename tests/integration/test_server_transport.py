@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import grpc
 import pytest
@@ -18,11 +14,12 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from devstack.clouds import scaleway_backend
+from devstack.harness import ServerProcess, client_credentials, running_stack, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
-from tests.support.stack import client_credentials, free_port, running_stack, scaleway_backend, write_config
 
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 RPCS = {
@@ -42,7 +39,6 @@ RPCS = {
     "NodeGroupTemplateNodeInfo",
     "NodeGroupGetOptions",
 }
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def node_groups(channel: grpc.Channel) -> list[str]:
@@ -130,46 +126,19 @@ def test_http_probes_answer_on_the_plaintext_port(tmp_path):
             assert b"grpc_server_handled_total" in answer.read()
 
 
-def _read_port_from_log(process: subprocess.Popen[str], deadline: float) -> None:
-    assert process.stderr is not None
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        if '"serving"' in line or "serving" in line:
-            return
-    raise AssertionError("the server did not log that it is serving")
-
-
 def test_sigterm_drains_in_flight_calls_then_exits(tmp_path):
     clock = ManualClock()
     with ScalewaySimulator(scenario=demo_scenario(), clock=clock) as sim:
-        port, http_port = free_port(), free_port()
-        config = {
-            "listen": f"127.0.0.1:{port}",
-            "http_listen": f"127.0.0.1:{http_port}",
-            "shutdown_grace": "10s",
-            "log": {"format": "json", "level": "info"},
-            "backends": [scaleway_backend(sim)],
-        }
-        path = write_config(tmp_path / "config.yaml", config)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SCW_", "CLUSTER_ID"))}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--config", str(path)],
-            cwd=ROOT,
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        config = server_config([scaleway_backend(sim)], shutdown_grace="10s", log={"format": "json", "level": "info"})
+        server = ServerProcess(config, workdir=tmp_path)
         try:
-            _read_port_from_log(process, time.monotonic() + 30)
-            group = next(iter(node_groups(grpc.insecure_channel(f"127.0.0.1:{port}"))))
+            group = next(iter(node_groups(server.channel)))
             # The size write to the cloud takes 2 s: SIGTERM arrives while it is in flight.
             sim.faults.add(Fault(route="*", method="PATCH", delay=2.0, times=1))
             result: dict[str, object] = {}
 
             def increase() -> None:
-                with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                with grpc.insecure_channel(server.address) as channel:
                     stub = pb_grpc.CloudProviderStub(channel)
                     try:
                         stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=group, delta=1), timeout=8)
@@ -180,18 +149,15 @@ def test_sigterm_drains_in_flight_calls_then_exits(tmp_path):
             worker = threading.Thread(target=increase)
             worker.start()
             time.sleep(0.7)
-            process.send_signal(signal.SIGTERM)
+            server.process.send_signal(signal.SIGTERM)
             worker.join(15)
             assert result.get("code") == "OK", result
-            assert process.wait(timeout=20) == 0
+            assert server.process.wait(timeout=20) == 0
             patches = [r for r in sim.requests.all() if r.method == "PATCH"]
             assert len(patches) == 1
-            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel, pytest.raises(grpc.RpcError):
+            with grpc.insecure_channel(server.address) as channel, pytest.raises(grpc.RpcError):
                 node_groups(channel)
         finally:
-            if process.poll() is None:
-                process.kill()
-            process.wait(5)
-            remaining = process.stderr.read() if process.stderr else ""
-            lines = [json.loads(line) for line in remaining.splitlines() if line.startswith("{")]
-            assert all("level" in line for line in lines)
+            server.stop(signal.SIGKILL)
+        lines = [json.loads(line) for line in server.output.splitlines() if line.startswith("{")]
+        assert lines and all("level" in line for line in lines)

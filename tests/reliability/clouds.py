@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from devstack.clouds import bizfly_backend, scaleway_backend
 from tests.reliability.harness import NodeView, PoolSpec, PoolView
 
 BIZFLY_CLUSTER = "kerel1abilitytest"
@@ -51,18 +52,7 @@ class BizflyKit:
         return BizflySimulator(scenario=scenario)
 
     def backend_entry(self, sim: Any, secret: str, name: str = "") -> dict[str, Any]:
-        return {
-            "name": name or "bizfly",
-            "type": "bizfly",
-            "bizfly": {
-                "auth_method": "password",
-                "email": BIZFLY_EMAIL,
-                "password_env": BIZFLY_PASSWORD_ENV,
-                "region": "HN",
-                "api_url": sim.url,
-                "cluster_name": BIZFLY_CLUSTER,
-            },
-        }
+        return bizfly_backend(sim, name or "bizfly", email=BIZFLY_EMAIL, password_env=BIZFLY_PASSWORD_ENV)
 
     def env(self, secret: str) -> dict[str, str]:
         return {BIZFLY_PASSWORD_ENV: secret}
@@ -132,16 +122,7 @@ class ScalewayKit:
         return ScalewaySimulator(scenario=scenario, secret_key=secret)
 
     def backend_entry(self, sim: Any, secret: str, name: str = "") -> dict[str, Any]:
-        return {
-            "name": name or "scw",
-            "type": "scaleway",
-            "scaleway": {
-                "cluster_id": sim.cluster_id,
-                "region": sim.region,
-                "api_url": sim.url,
-                "secret_key_env": SCALEWAY_SECRET_ENV,
-            },
-        }
+        return scaleway_backend(sim, name or "scw", secret_key_env=SCALEWAY_SECRET_ENV)
 
     def env(self, secret: str) -> dict[str, str]:
         return {SCALEWAY_SECRET_ENV: secret}

@@ -1,41 +1,32 @@
 """A real server plus cloud simulators, driven over gRPC on 127.0.0.1, for the reliability tests.
 
-``Stack`` starts one simulator and the server in-process (``server.app.start``), and can restart the
-server at any moment (a new process image would behave the same: all server state is in memory).
-``CloudKit`` hides what differs between the clouds the tests drive: how to build a simulator with a
-given set of pools, the backend config entry pointing at it, and how to read pools and nodes back
-from the simulator's own state (the ground truth the tests compare the server against).
+``CampaignStack`` starts one simulator and, through the harness (``devstack.harness``), the server
+in-process; it can restart the server at any moment (a new process image would behave the same: all
+server state is in memory) and records every answer against its deadline. ``CloudKit`` hides what
+differs between the clouds the tests drive: how to build a simulator with a given set of pools, the
+backend config entry pointing at it, and how to read pools and nodes back from the simulator's own
+state (the ground truth the tests compare the server against). Child-process servers come from
+``devstack.harness.ServerProcess``.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
-import yaml
 
+from devstack.harness import InProcessServer, server_config
 from protos import externalgrpc_pb2 as pb
-from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.deadline import Deadline
-from server import app
-from server import config as server_config
 from simulators.common.faults import Fault
 from simulators.common.request_log import RecordedRequest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 MUTATING_HTTP_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Codes a well-behaved server may answer; anything else (UNKNOWN, INTERNAL from a handler bug,
@@ -143,19 +134,14 @@ def server_raw_config(
     http: bool = False,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "listen": "127.0.0.1:0",
-        "http_listen": "127.0.0.1:0" if http else None,
-        "shutdown_grace": "0s",
-        "log": {"format": "json", "level": "info"},
-        "backends": [dict(b) for b in backends],
-    }
-    raw.update(extra or {})
-    return raw
+    """The campaign's server settings: no drain on stop (restarts are kills), JSON logs."""
+    return server_config(
+        backends, http=http, shutdown_grace="0s", log={"format": "json", "level": "info"}, **(extra or {})
+    )
 
 
-class Stack:
-    """One simulator, one in-process server, one gRPC channel; restartable."""
+class CampaignStack:
+    """One simulator, one in-process server, one gRPC channel; restartable; every answer recorded."""
 
     def __init__(
         self,
@@ -173,40 +159,31 @@ class Stack:
         self.sim.start()
         entry = kit.backend_entry(self.sim, secret)
         entry["sync"] = dict(sync or {"interval": "60s", "min_interval": "0.2s", "max_staleness": "10m"})
-        raw = server_raw_config([entry], http=http)
-        self.config = server_config.parse(raw, env=kit.env(secret), base=workdir or Path.cwd())
         self.stats = RpcStats()
-        self.restarts = 0
-        self.running: app.RunningServer | None = None
-        self.channel: grpc.Channel | None = None
-        self.stub: pb_grpc.CloudProviderStub | None = None
-        self._start_server()
+        try:
+            self.server = InProcessServer(server_raw_config([entry], http=http), env=kit.env(secret), base=workdir)
+        except BaseException:
+            self.sim.stop()
+            raise
+
+    @property
+    def channel(self) -> grpc.Channel:
+        return self.server.channel
 
     # ------------------------------------------------------------------ lifecycle
-    def _start_server(self) -> None:
-        self.running = app.start(self.config)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.running.port}")
-        self.stub = pb_grpc.CloudProviderStub(self.channel)
-
-    def _stop_server(self) -> None:
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
-        if self.running is not None:
-            self.running.stop(grace=0)
-            self.running = None
+    @property
+    def restarts(self) -> int:
+        return self.server.restarts
 
     def restart(self) -> None:
         """Kill the server (no grace) and start a fresh one: every in-memory state is lost."""
-        self._stop_server()
-        self.restarts += 1
-        self._start_server()
+        self.server.restart()
 
     def close(self) -> None:
-        self._stop_server()
+        self.server.stop(grace=0)
         self.sim.stop()
 
-    def __enter__(self) -> Stack:
+    def __enter__(self) -> CampaignStack:
         return self
 
     def __exit__(self, *_exc: object) -> None:
@@ -215,26 +192,17 @@ class Stack:
     # ------------------------------------------------------------------ server internals tests may drive
     @property
     def backend(self) -> Any:
-        assert self.running is not None
-        return self.running.registry.backends[0]
+        return self.server.running.registry.backends[0]
 
     def force_sync(self) -> None:
         """What the background sync does on its timer, done now (tests must not wait for timers)."""
         self.backend.sync(Deadline.after(10.0))
 
-    @property
-    def http_port(self) -> int:
-        assert self.running is not None and self.running.http is not None
-        endpoint = self.running.http
-        httpd = getattr(endpoint, "httpd", None) or getattr(endpoint, "server", None)
-        return int(httpd.server_address[1])
-
     # ------------------------------------------------------------------ gRPC
     def call(self, method: str, request: Any, timeout: float = 5.0) -> Answer:
-        assert self.stub is not None
         started = time.monotonic()
         try:
-            response = getattr(self.stub, method)(request, timeout=timeout)
+            response = getattr(self.server.stub, method)(request, timeout=timeout)
             code, details = grpc.StatusCode.OK, ""
         except grpc.RpcError as err:
             response = None
@@ -298,91 +266,3 @@ def full_method(rpc: str) -> str:
 
 def rpc_names() -> Iterator[str]:
     yield from pb.DESCRIPTOR.services_by_name["CloudProvider"].methods_by_name
-
-
-# ---------------------------------------------------------------------------------------------- subprocess
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """``ca-externalgrpc serve`` as a child process: its own RSS, its own stderr, a real SIGTERM."""
-
-    def __init__(self, raw_config: Mapping[str, Any], env: Mapping[str, str], workdir: Path, log_level: str = "info"):
-        self.grpc_port = free_port()
-        self.http_port = free_port()
-        config = dict(raw_config)
-        config["listen"] = f"127.0.0.1:{self.grpc_port}"
-        config["http_listen"] = f"127.0.0.1:{self.http_port}"
-        self.config_path = workdir / "server.yaml"
-        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith(("SCW_", "BIZFLYCLOUD_", "CLUSTER_"))}
-        child_env.update(env)
-        child_env["PYTHONPATH"] = str(REPO_ROOT)
-        self.env = child_env
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "server.cli", "serve", "--config", str(self.config_path), "--log-level", log_level],
-            cwd=REPO_ROOT,
-            env=child_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=20)
-        except grpc.FutureTimeoutError:
-            self.stop()
-            raise AssertionError("server process did not start:\n" + self.output) from None
-        self.stub = pb_grpc.CloudProviderStub(self.channel)
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise AssertionError("no VmRSS for the server process")
-
-    def http_get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
-
-    def cli(self, *args: str) -> str:
-        """Run another ``ca-externalgrpc`` sub-command with the same environment; stdout + stderr."""
-        done = subprocess.run(
-            [sys.executable, "-m", "server.cli", *args],
-            cwd=REPO_ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        return done.stdout + done.stderr
-
-    def stop(self) -> int:
-        self.channel.close()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
-        self._reader.join(timeout=5)
-        return int(self.process.returncode)

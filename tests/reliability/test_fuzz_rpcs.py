@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from protos import externalgrpc_pb2 as pb
 from server.logs import configure_logging
 from tests.reliability.clouds import BizflyKit
-from tests.reliability.harness import EXPECTED_CODES, PoolSpec, Stack, full_method, rpc_names
+from tests.reliability.harness import EXPECTED_CODES, CampaignStack, PoolSpec, full_method, rpc_names
 from tests.reliability.report import publish
 
 RPCS = sorted(rpc_names())
@@ -44,13 +44,13 @@ HOSTILE_TEXT = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack() -> Iterator[CampaignStack]:
     # Production logging (JSON + the redaction filter), so what it costs per request is fuzzed too.
     root = logging.getLogger()
     level = root.level
     handler = configure_logging("json", "info", stream=io.StringIO())
     try:
-        with Stack(BizflyKit(), POOLS) as running:
+        with CampaignStack(BizflyKit(), POOLS) as running:
             yield running
             _check_no_mutation_and_alive(running)
     finally:
@@ -58,7 +58,7 @@ def stack() -> Iterator[Stack]:
         root.setLevel(level)
 
 
-def _check_no_mutation_and_alive(running: Stack) -> None:
+def _check_no_mutation_and_alive(running: CampaignStack) -> None:
     mutations = running.mutations(0)
     assert not mutations, f"the fuzzed requests changed the cloud: {mutations}"
     # Still alive and answering after everything.
@@ -70,7 +70,7 @@ def _check_no_mutation_and_alive(running: Stack) -> None:
     )
 
 
-def _raw_call(stack: Stack, rpc: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
+def _raw_call(stack: CampaignStack, rpc: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
     assert stack.channel is not None
     call = stack.channel.unary_unary(full_method(rpc), request_serializer=None, response_deserializer=None)
     try:
@@ -80,7 +80,7 @@ def _raw_call(stack: Stack, rpc: str, payload: bytes) -> tuple[grpc.StatusCode, 
         return err.code(), err.details() or ""
 
 
-def _check_raw(stack: Stack, rpc: str, payload: bytes) -> None:
+def _check_raw(stack: CampaignStack, rpc: str, payload: bytes) -> None:
     mark = stack.log_size()
     code, details = _raw_call(stack, rpc, payload)
     COUNTS[code.name] += 1
@@ -89,7 +89,7 @@ def _check_raw(stack: Stack, rpc: str, payload: bytes) -> None:
     assert not stack.mutations(mark), f"{rpc} with {payload[:40]!r} mutated the cloud"
 
 
-def _check_message(stack: Stack, rpc: str, request: object) -> grpc.StatusCode:
+def _check_message(stack: CampaignStack, rpc: str, request: object) -> grpc.StatusCode:
     mark = stack.log_size()
     code, details = _raw_call(stack, rpc, request.SerializeToString())  # type: ignore[attr-defined]
     COUNTS[code.name] += 1
@@ -112,7 +112,7 @@ FUZZ = settings(
 # ---------------------------------------------------------------------------------------------- raw bytes
 @FUZZ
 @given(rpc=st.sampled_from(RPCS), payload=st.binary(max_size=512))
-def test_random_bytes_never_crash_hang_or_mutate(stack: Stack, rpc: str, payload: bytes) -> None:
+def test_random_bytes_never_crash_hang_or_mutate(stack: CampaignStack, rpc: str, payload: bytes) -> None:
     _check_raw(stack, rpc, payload)
 
 
@@ -162,11 +162,11 @@ TEMPLATES = _templates()
 
 @FUZZ
 @given(rpc=st.sampled_from(RPCS), data=st.data())
-def test_damaged_messages_never_crash_hang_or_mutate(stack: Stack, rpc: str, data: st.DataObject) -> None:
+def test_damaged_messages_never_crash_hang_or_mutate(stack: CampaignStack, rpc: str, data: st.DataObject) -> None:
     _check_raw(stack, rpc, _damaged(TEMPLATES[rpc], data))
 
 
-def test_oversized_message_is_refused_cleanly(stack: Stack) -> None:
+def test_oversized_message_is_refused_cleanly(stack: CampaignStack) -> None:
     code, _details = _raw_call(stack, "NodeGroupNodes", b"\x0a" + b"\xff\xff\xff\x02" + b"x" * (5 * 1024 * 1024))
     COUNTS[code.name] += 1
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -174,15 +174,15 @@ def test_oversized_message_is_refused_cleanly(stack: Stack) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- field values
-def _groups(stack: Stack) -> dict[str, tuple[int, int, int]]:
+def _groups(stack: CampaignStack) -> dict[str, tuple[int, int, int]]:
     return {gid: (p.min_size, p.max_size, p.target) for gid, p in stack.pools().items()}
 
 
-def _nodes(stack: Stack) -> dict[str, list[str]]:
+def _nodes(stack: CampaignStack) -> dict[str, list[str]]:
     return {gid: [n.provider_id for n in p.live()] for gid, p in stack.pools().items()}
 
 
-def _group_id(stack: Stack) -> st.SearchStrategy[str]:
+def _group_id(stack: CampaignStack) -> st.SearchStrategy[str]:
     return st.one_of(st.sampled_from(sorted(_groups(stack))), HOSTILE_TEXT)
 
 
@@ -200,7 +200,7 @@ def _node_message(provider_ids: list[str]) -> st.SearchStrategy[pb.ExternalGrpcN
 
 @FUZZ
 @given(data=st.data())
-def test_size_changes_with_forbidden_values_are_refused(stack: Stack, data: st.DataObject) -> None:
+def test_size_changes_with_forbidden_values_are_refused(stack: CampaignStack, data: st.DataObject) -> None:
     groups = _groups(stack)
     gid = data.draw(_group_id(stack), label="id")
     increase = data.draw(st.booleans(), label="increase")
@@ -223,7 +223,7 @@ def test_size_changes_with_forbidden_values_are_refused(stack: Stack, data: st.D
 
 @FUZZ
 @given(data=st.data())
-def test_delete_nodes_with_a_stranger_in_the_list_deletes_nothing(stack: Stack, data: st.DataObject) -> None:
+def test_delete_nodes_with_a_stranger_in_the_list_deletes_nothing(stack: CampaignStack, data: st.DataObject) -> None:
     nodes = _nodes(stack)
     gid = data.draw(_group_id(stack), label="id")
     own = nodes.get(gid, [])
@@ -240,7 +240,7 @@ def test_delete_nodes_with_a_stranger_in_the_list_deletes_nothing(stack: Stack, 
 
 @FUZZ
 @given(data=st.data())
-def test_read_rpcs_with_hostile_values_answer_precisely(stack: Stack, data: st.DataObject) -> None:
+def test_read_rpcs_with_hostile_values_answer_precisely(stack: CampaignStack, data: st.DataObject) -> None:
     nodes = [pid for pids in _nodes(stack).values() for pid in pids]
     gid = data.draw(_group_id(stack), label="id")
     node = data.draw(_node_message(nodes), label="node")

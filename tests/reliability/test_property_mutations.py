@@ -36,7 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from protos import externalgrpc_pb2 as pb
 from providers.errors import DomainError
 from tests.reliability.clouds import BizflyKit, ScalewayKit
-from tests.reliability.harness import EXPECTED_CODES, CloudKit, NodeView, PoolSpec, Stack
+from tests.reliability.harness import EXPECTED_CODES, CampaignStack, CloudKit, NodeView, PoolSpec
 from tests.reliability.report import publish
 
 # RELIABILITY_EXAMPLES / RELIABILITY_STEPS explore deeper locally; CI keeps the modest defaults.
@@ -72,7 +72,7 @@ class MutationMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.stack = Stack(self.kit, POOLS)
+        self.stack = CampaignStack(self.kit, POOLS)
         pools = self.stack.pools()
         self.groups = sorted(pools)
         self.expected = {gid: pool.target for gid, pool in pools.items()}

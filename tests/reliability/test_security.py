@@ -19,15 +19,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from devstack.certs import Pki, make_pki
+from devstack.harness import InProcessServer, ServerProcess
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.config_errors import ConfigError
-from server import app
 from server import config as server_config
 from simulators.common.faults import Fault as _Fault
 from tests.reliability.clouds import BIZFLY_EMAIL, BizflyKit, ScalewayKit
-from tests.reliability.harness import PoolSpec, ServerProcess, server_raw_config
-from tests.support.certs import Pki, make_pki
+from tests.reliability.harness import PoolSpec, server_raw_config
 
 POOLS = (PoolSpec("sec-a", 0, 5, 1), PoolSpec("sec-b", 1, 4, 2))
 SCW_SECRET = "scw-sk-5e2b9c41-7d3f-4a8e-b6c0-91f2d4e8a7c3"
@@ -48,13 +48,13 @@ def bizfly_sim() -> Iterator[object]:
     sim.stop()
 
 
-def _tls_server(sim: object, pki: Pki, mutual: bool) -> app.RunningServer:
+def _tls_server(sim: object, pki: Pki, mutual: bool) -> InProcessServer:
     kit = BizflyKit()
     tls = {"cert": str(pki.server_cert), "key": str(pki.server_key)}
     if mutual:
         tls["client_ca"] = str(pki.ca_cert)
     raw = server_raw_config([kit.backend_entry(sim, BIZFLY_PASSWORD)], extra={"tls": tls})
-    return app.start(server_config.parse(raw, env=kit.env(BIZFLY_PASSWORD)))
+    return InProcessServer(raw, env=kit.env(BIZFLY_PASSWORD))
 
 
 def _answers(channel: grpc.Channel) -> grpc.StatusCode:

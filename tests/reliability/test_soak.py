@@ -27,12 +27,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from devstack.harness import ServerProcess
 from protos import externalgrpc_pb2 as pb
 from simulators.common.faults import Fault
 from simulators.scaleway.scenarios import generated_cluster
 from simulators.scaleway.simulator import ScalewaySimulator
 from tests.reliability.clouds import ScalewayKit
-from tests.reliability.harness import ServerProcess, server_raw_config
+from tests.reliability.harness import server_raw_config
 from tests.reliability.report import publish
 
 POOLS = 100
