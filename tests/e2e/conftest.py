@@ -9,7 +9,6 @@ pending pod to the cloud call and to the pod running.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,8 +17,15 @@ import pytest
 from tests.e2e.control_plane import ControlPlanePrograms
 from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout
 from tests.e2e.report import TIMINGS
+from tests.support.gobuild import GoBuildError, binary_path
 
 StartEnvironment = Callable[..., E2EEnvironment]
+# The programs tests/e2e/gomod/build.toml declares.
+CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
+KUBE_APISERVER = "kube-apiserver-1.36.2"
+KUBE_SCHEDULER = "kube-scheduler-1.36.2"
+ETCD = "etcd-3.6.8"
+PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
 DEFAULT_STEADY_SECONDS = 20.0
 
 
@@ -59,33 +65,20 @@ def programs() -> AutoscalerPrograms:
 
 
 def resolve_programs() -> AutoscalerPrograms:
-    override = os.environ.get("E2E_BIN_DIR")
-    if override:
-        base = Path(override)
-        paths = {name: base / name for name in PROGRAM_NAMES}
-    else:
-        from tests.support.gobuild import GoBuildError, binary_path
-
-        try:
-            paths = {name: binary_path(name) for name in PROGRAM_NAMES}
-        except GoBuildError as err:
-            pytest.fail(str(err), pytrace=False)
-    missing = [str(path) for path in paths.values() if not path.is_file()]
-    if missing:
-        pytest.fail(f"not built: {', '.join(missing)}: run `make build`", pytrace=False)
+    """The binaries ``make build`` produced; one line naming what is missing and how to build it."""
+    missing = ""
+    try:
+        paths = {name: binary_path(name) for name in PROGRAM_NAMES}
+    except GoBuildError as err:
+        missing = str(err)
+    if missing:  # failed outside the except block, so the report is this one line and no traceback
+        pytest.fail(missing, pytrace=False)
     return AutoscalerPrograms(
         ControlPlanePrograms(
             etcd=paths[ETCD], kube_apiserver=paths[KUBE_APISERVER], kube_scheduler=paths[KUBE_SCHEDULER]
         ),
         cluster_autoscaler=paths[CLUSTER_AUTOSCALER],
     )
-
-
-CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
-KUBE_APISERVER = "kube-apiserver-1.36.2"
-KUBE_SCHEDULER = "kube-scheduler-1.36.2"
-ETCD = "etcd-3.6.8"
-PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
 
 
 @pytest.fixture

@@ -10,21 +10,19 @@ Everything a run writes (configs, certificates, logs) stays in its work folder f
 from __future__ import annotations
 
 import json
-import os
-import sys
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import kubernetes
-import yaml
 from kubernetes import client as k8s
 
+from devstack.clouds import bizfly_backend, scaleway_backend
+from devstack.harness import SCW_SECRET, ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
-from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.bizfly import BizflySimulator
 from simulators.common import WallClock
 from simulators.common.request_log import RecordedRequest
@@ -32,11 +30,8 @@ from simulators.scaleway import ScalewaySimulator
 from tests.e2e.autoscaler import Autoscaler, write_cloud_config
 from tests.e2e.control_plane import ControlPlane, ControlPlanePrograms
 from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
-from tests.e2e.processes import ManagedProcess, free_port
-from tests.support.stack import SCW_SECRET, bizfly_backend, scaleway_backend
 
 T = TypeVar("T")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Machines boot in seconds, not minutes: scenarios measure the autoscaling path, not cloud boot time.
 SCALEWAY_TIMINGS = {"creating": 2, "starting": 2, "registering": 1, "deleting": 2}
@@ -87,41 +82,31 @@ class Layout:
 
 
 class OurServer:
-    """``ca-externalgrpc serve`` as a child process on one fixed loopback port, so it can be restarted
-    under the address the CA's cloud-config names."""
+    """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), with the reads the
+    scenarios check and a restart that keeps the address the CA's cloud-config names."""
 
     def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.config_path = workdir / "server.yaml"
-        self.config_path.write_text(yaml.safe_dump({**config, "listen": self.address}, sort_keys=False))
         self.log_path = workdir / "logs" / "server.log"
-        self.starts = 0
-        self.process: ManagedProcess | None = None
-        self.channel = grpc.insecure_channel(self.address)
-        self.stub = pb_grpc.CloudProviderStub(self.channel)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = ServerProcess({**config, "log": {"format": "json"}}, workdir=workdir, log_path=self.log_path)
 
-    def start(self) -> OurServer:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SCW_", "BIZFLYCLOUD_", "CLUSTER_"))}
-        env["PYTHONPATH"] = str(REPO_ROOT)
-        argv = [sys.executable, "-m", "server.cli", "serve", "--config", str(self.config_path), "--log-format", "json"]
-        self.process = ManagedProcess("ca-externalgrpc serve", argv, self.log_path, env=env, cwd=REPO_ROOT).start()
-        self.starts += 1
-        self.process.wait_until(self._serving, 60, "serving")
-        return self
-
-    def _serving(self) -> bool:
-        self.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=2)
-        return True
+    @property
+    def address(self) -> str:
+        return self.process.address
 
     def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
+        """SIGKILL: a crash, nothing drained."""
+        self.process.stop(signal.SIGKILL)
+
+    def start_again(self) -> None:
+        self.process.respawn(same_addresses=True)
+
+    def check_running(self) -> None:
+        if self.process.process.poll() is not None:
+            raise AssertionError(f"our server exited; last lines of {self.log_path}:\n{self.process.log_tail()}")
 
     def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-        self.channel.close()
+        self.process.stop()
 
     def rpc_log(self, method: str) -> list[dict[str, Any]]:
         """The server's JSON log records of the mutating RPC ``method`` (reads are not logged one by one)."""
@@ -134,13 +119,14 @@ class OurServer:
         return records
 
     def group_ids(self) -> list[str]:
-        return [g.id for g in self.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups]
+        return [g.id for g in self.process.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups]
 
     def target(self, group_id: str) -> int:
-        return int(self.stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=group_id), timeout=5).targetSize)
+        request = pb.NodeGroupTargetSizeRequest(id=group_id)
+        return int(self.process.stub.NodeGroupTargetSize(request, timeout=5).targetSize)
 
     def instances(self, group_id: str) -> list[pb.Instance]:
-        return list(self.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group_id), timeout=5).instances)
+        return list(self.process.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group_id), timeout=5).instances)
 
 
 @dataclass
@@ -198,15 +184,11 @@ class E2EEnvironment:
             scenario=self.layout.scaleway_scenario(), clock=self.clock, secret_key=SCW_SECRET
         ).start()
         self.bizfly = BizflySimulator(scenario=self.layout.bizfly_scenario(), clock=self.clock).start()
-        config = {
-            "http_listen": None,
-            "shutdown_grace": "2s",
-            "backends": [
-                scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
-                bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
-            ],
-        }
-        self.server = OurServer(config, self.workdir).start()
+        backends = [
+            scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
+            bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
+        ]
+        self.server = OurServer(server_config(backends), self.workdir)
         self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         self.agent = NodeAgent(self.api, [scaleway_source(self.scaleway.url), bizfly_source(self.bizfly.url)]).start()
@@ -257,8 +239,8 @@ class E2EEnvironment:
         assert self.control_plane is not None and self.agent is not None
         self.control_plane.check_running()
         self.ca.check_running()
-        assert self.server is not None and self.server.process is not None
-        self.server.process.check_running()
+        assert self.server is not None
+        self.server.check_running()
         if not self.agent.alive():
             raise AssertionError("the node agent thread has stopped")
 

@@ -103,7 +103,7 @@ def test_server_restarted_during_a_scale_up_makes_no_duplicate_and_the_ca_recove
     killed = time.time()
     assert machines(env, cloud, "general")[-1]["id"]  # the new machine exists, still booting
     time.sleep(4)  # two CA loops against a dead address
-    env.ours.start()
+    env.ours.start_again()
     restarted = time.time()
 
     pod = env.wait_pod_running("app", 120)
