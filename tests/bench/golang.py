@@ -1,8 +1,8 @@
-"""Build the two Go programs the benchmark needs: the load client and the upstream example server.
+"""The Go programs the benchmark needs: the load client, the grpc-go baseline and the upstream example.
 
-Both come from the Go module proxy through ordinary ``go build`` calls. Binaries are kept in a cache
-directory named after a hash of their module files (go.mod, go.sum, sources), so a warm run skips the
-link step and a changed pin or source rebuilds.
+The load client and the baseline (``loadclient/build.toml``) are compiled by ``make build``
+(tests/support/gobuild.py) and only looked up here. The upstream example server is built here, by
+``make bench`` only, and only once ``upstream/go.mod`` pins the 1.36.1 release (see the README).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support import gobuild
+
 BENCH_DIR = Path(__file__).resolve().parent
-LOAD_CLIENT_DIR = BENCH_DIR / "loadclient"
 UPSTREAM_DIR = BENCH_DIR / "upstream"
 # The example server is package main inside the CA module; our module names it in a `tool` line.
 UPSTREAM_PACKAGE = (
@@ -30,8 +30,8 @@ BUILD_TIMEOUT = 1800.0  # a cold build downloads and compiles the CA module grap
 UPSTREAM_RELEASE = "1.36.1"
 
 
-class GoBuildError(RuntimeError):
-    """``go`` is missing or a build failed; the message carries go's own output."""
+# ``go`` is missing, a build failed or a binary is not built; the message says how to fix it.
+GoBuildError = gobuild.GoBuildError
 
 
 class WrongUpstreamRelease(RuntimeError):
@@ -52,10 +52,7 @@ def cache_dir() -> Path:
 
 
 def go_binary() -> str:
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
-    if go is None:
-        raise GoBuildError("the Go toolchain (`go`) is not on PATH; the load client and upstream server need it")
-    return go
+    return gobuild.go_binary()
 
 
 def _fingerprint(directory: Path, extra: str = "") -> str:
@@ -86,14 +83,13 @@ def _build(directory: Path, output: Path, package: str, tags: str = "") -> Path:
     return output
 
 
-def build_load_client() -> Path:
-    output = cache_dir() / f"loadclient-{_fingerprint(LOAD_CLIENT_DIR)}"
-    return _build(LOAD_CLIENT_DIR, output, ".")
+def load_client() -> Path:
+    """The load client ``make build`` compiled (BinaryNotBuilt, saying so, when it has not)."""
+    return gobuild.binary_path("loadclient")
 
 
-def build_go_reference() -> Path:
-    output = cache_dir() / f"goreference-{_fingerprint(LOAD_CLIENT_DIR)}"
-    return _build(LOAD_CLIENT_DIR, output, "./goreference")
+def go_reference() -> Path:
+    return gobuild.binary_path("goreference")
 
 
 def upstream_pin() -> UpstreamPin:

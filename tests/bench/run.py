@@ -195,8 +195,7 @@ def _build_servers(wanted: Sequence[str]) -> tuple[dict[str, Path], dict[str, st
             notes["upstream"] = f"not run: {exc}"
             print(f"UPSTREAM NOT RUN: {exc}", file=sys.stderr, flush=True)
     if "goref" in wanted:
-        print("building the Go reference server ...", flush=True)
-        binaries["goref"] = golang.build_go_reference()
+        binaries["goref"] = golang.go_reference()
         notes["goref"] = "tests/bench/loadclient/goreference (grpc-go stand-in for the upstream example)"
     return binaries, notes
 
@@ -205,9 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    print("building the load client ...", flush=True)
     try:
-        client = golang.build_load_client()
+        client = golang.load_client()
         binaries, notes = _build_servers(args.servers)
     except golang.GoBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,22 +1,21 @@
 """``make conformance``: drive our server with the upstream CA's own externalgrpc client and with grpcurl.
 
-For every CA version module (``ca1341``, ``ca1361``) it builds the Go driver (``go build``; the Go
-build and module caches make a warm run quick), then for each transport (plaintext, mTLS) starts a
-fresh lab (both simulators + the server, see ``lab.py``), writes the expectations and the CA
-cloud-config, and runs the driver. Then it builds the real grpcurl and runs ``list``, ``describe``
-and every read-only RPC through server reflection, plaintext and with mTLS (plus one refused
-handshake with a certificate from an unrelated CA). It prints a summary with the number of checks
-per client and exits non-zero on any failure or on anything it could not run.
+For every CA client generation (``ca1341``: the <=1.34.1 generation, ``ca1361``: CA 1.36.1,
+``cahead``: CA HEAD) it takes the Go driver that ``make build`` compiled (``tests/support/gobuild``;
+nothing is compiled here), then for each transport (plaintext, mTLS) starts a fresh lab (both
+simulators + the server, see ``lab.py``), writes the expectations and the CA cloud-config, and runs
+the driver. Then it runs the real grpcurl: ``list``, ``describe`` and every read-only RPC through
+server reflection, plaintext and with mTLS (plus one refused handshake with a certificate from an
+unrelated CA). It prints a summary naming each CA version and the commit it was built from, with
+the number of checks per client, and exits non-zero on any failure or on anything it could not run.
 
-Run as ``python -m tests.conformance.run [--only 1.34.1|1.36.1|grpcurl ...]``.
+Run as ``python -m tests.conformance.run [--only 1.34.1|1.36.1|head|grpcurl ...]`` after ``make build``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,15 +27,8 @@ from typing import Any
 
 from devstack.certs import Pki, make_pki
 from tests.conformance.lab import Endpoint, Lab
+from tests.support import gobuild
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
-
-# Where the built binaries go; the Makefile passes its GO_CACHE_DIR. Go's own build and module
-# caches (GOCACHE, GOMODCACHE) stay at their default locations so every Go build on the machine
-# shares them.
-DEFAULT_BIN_DIR = Path(os.environ.get("GO_CACHE_DIR", Path.home() / ".cache" / "ca-externalgrpc-go")) / "bin"
-GO_BUILD_TIMEOUT_SECONDS = 1800  # a cold build of the CA packages compiles k8s.io/kubernetes
 CA_RUN_TIMEOUT_SECONDS = 300
 GRPCURL_TIMEOUT_SECONDS = 30
 
@@ -62,24 +54,33 @@ RPCS = (
 
 @dataclass(frozen=True)
 class CaModule:
-    version: str
-    directory: Path
+    """One client generation: the key ``--only`` takes, the binary its build.toml declares, its name."""
 
-    @property
-    def binary_name(self) -> str:
-        return self.directory.name
-
-
-CA_MODULES = (CaModule("1.34.1", HERE / "ca1341"), CaModule("1.36.1", HERE / "ca1361"))
-GRPCURL_MODULE = HERE / "grpcurl"
+    key: str
+    binary_name: str
+    title: str
+    # What the pinned CA module's version/version.go must declare, when it declares a release.
+    declares: str | None = None
 
 
-class ConformanceError(Exception):
-    """Something the suite needs could not be prepared; the message says what and how to fix it."""
+CA_MODULES = (
+    # Pinned at a master commit carrying the 1.33.0-1.34.1 client (see ca1341/go.mod).
+    CaModule("1.34.1", "ca-client-1.34.1", "1.34.1-generation"),
+    CaModule("1.36.1", "ca-client-1.36.1", "1.36.1", declares="1.36.1"),
+    CaModule("head", "ca-client-head", "HEAD"),
+)
+GRPCURL_BINARY = "grpcurl"
 
 
-class GoToolchainMissing(ConformanceError):
-    pass
+def commit_of(pseudo_version: str) -> str:
+    """The commit a Go pseudo-version (``v0.0.0-<time>-<12 hex>``) was cut from; "" for a release tag."""
+    tail = pseudo_version.rsplit("-", 1)[-1]
+    return tail if len(tail) == 12 and all(c in "0123456789abcdef" for c in tail) else ""
+
+
+def describe_module(path: str, version: str) -> str:
+    commit = commit_of(version)
+    return f"{path} {version}" + (f", commit {commit}" if commit else "")
 
 
 @dataclass
@@ -97,40 +98,9 @@ class ClientResult:
         return self.error is None and self.failed == 0 and self.passed > 0
 
 
-# --------------------------------------------------------------------------------------------- Go
-# Where the official tarball and Debian put go when it is installed but not on PATH (e.g. make
-# run from an IDE with a minimal environment).
-GO_FALLBACK_PATHS = ("/usr/local/go/bin/go", "/usr/lib/go/bin/go")
-
-
-def go_binary() -> str:
-    found = shutil.which("go") or next((p for p in GO_FALLBACK_PATHS if Path(p).exists()), None)
-    if found is None:
-        raise GoToolchainMissing(
-            "the conformance suite needs the Go toolchain (go >= 1.25) to build the upstream cluster-autoscaler "
-            "client and grpcurl, and `go` is not on PATH; install Go (see the README) and run again"
-        )
-    return found
-
-
-def go_build(module_dir: Path, package: str, output: Path) -> Path:
-    if not (module_dir / "go.mod").exists():
-        raise ConformanceError(f"{module_dir.relative_to(REPO)} has no go.mod: this client module is not set up")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [go_binary(), "build", "-o", str(output), package]
-    started = time.monotonic()
-    proc = subprocess.run(
-        cmd, cwd=module_dir, capture_output=True, text=True, timeout=GO_BUILD_TIMEOUT_SECONDS, check=False
-    )
-    if proc.returncode != 0:
-        raise ConformanceError(f"`go build` in {module_dir.relative_to(REPO)} failed:\n{proc.stderr.strip()[-4000:]}")
-    print(f"built {output.name} in {time.monotonic() - started:.1f}s", flush=True)
-    return output
-
-
 # ----------------------------------------------------------------------------------------- CA runs
 def run_ca(binary: Path, module: CaModule, label: str, pki: Pki | None, workdir: Path) -> ClientResult:
-    name = f"CA {module.version} {label}"
+    name = f"CA {module.title} {label}"
     result = ClientResult(name)
     rundir = workdir / f"{module.binary_name}-{label}"
     rundir.mkdir()
@@ -154,7 +124,16 @@ def run_ca(binary: Path, module: CaModule, label: str, pki: Pki | None, workdir:
         return result
     data = json.loads(summary.removeprefix("SUMMARY "))
     result.passed, result.failed, result.failures = data["passed"], data["failed"], data["failures"] or []
-    result.name = f"{name} (k8s.io/autoscaler/cluster-autoscaler {data['ca_module']})"
+    built = describe_module("k8s.io/autoscaler/cluster-autoscaler", data["ca_module"])
+    if data.get("core_module"):
+        built += "; core " + describe_module(*data["core_module"].split(" ", 1))
+    result.name = f"{name} ({built})"
+    declared = data.get("declared_version", "")
+    if module.declares is not None and declared != module.declares:
+        result.error = (
+            f"{module.binary_name} is linked against a CA module that declares version {declared!r}, not "
+            f"{module.declares}: its go.mod pins the wrong commit"
+        )
     return result
 
 
@@ -329,26 +308,27 @@ def run_grpcurl(binary: Path, label: str, pki: Pki | None, workdir: Path) -> Cli
 
 
 # ------------------------------------------------------------------------------------------- main
-def run(selected: Sequence[str], bin_dir: Path) -> list[ClientResult]:
+def run(selected: Sequence[str]) -> list[ClientResult]:
+    """Run the selected clients (every one when empty) with the binaries ``make build`` produced."""
     results: list[ClientResult] = []
     with tempfile.TemporaryDirectory(prefix="ca-conformance-") as tmp:
         workdir = Path(tmp)
         pki = make_pki(workdir / "pki")
         transports = (("plaintext", None), ("mtls", pki))
         for module in CA_MODULES:
-            if selected and module.version not in selected:
+            if selected and module.key not in selected:
                 continue
             try:
-                binary = go_build(module.directory, ".", bin_dir / module.binary_name)
-            except ConformanceError as err:
-                results.append(ClientResult(f"CA {module.version}", error=str(err)))
+                binary = gobuild.binary_path(module.binary_name)
+            except gobuild.GoBuildError as err:
+                results.append(ClientResult(f"CA {module.title}", error=str(err)))
                 continue
             for label, tls in transports:
                 results.append(run_ca(binary, module, label, tls, workdir))
         if not selected or "grpcurl" in selected:
             try:
-                binary = go_build(GRPCURL_MODULE, "github.com/fullstorydev/grpcurl/cmd/grpcurl", bin_dir / "grpcurl")
-            except ConformanceError as err:
+                binary = gobuild.binary_path(GRPCURL_BINARY)
+            except gobuild.GoBuildError as err:
                 results.append(ClientResult("grpcurl", error=str(err)))
             else:
                 for label, tls in transports:
@@ -367,14 +347,14 @@ def print_summary(results: Sequence[ClientResult]) -> bool:
         for failure in r.failures:
             print(f"         - {failure}")
     for module in CA_MODULES:
-        runs = [r for r in results if r.name.startswith(f"CA {module.version}")]
+        runs = [r for r in results if r.name.startswith(f"CA {module.title} ") or r.name == f"CA {module.title}"]
         done = [r for r in runs if r.error is None]
         if not done:
             if runs:
-                print(f"  CA {module.version}: NOT RUN")
+                print(f"  CA {module.title}: NOT RUN")
             continue
         counted = " + ".join(f"{r.passed + r.failed}" for r in done)
-        print(f"  CA {module.version}: {sum(r.passed + r.failed for r in done)} checks ({counted} over transports)")
+        print(f"  CA {module.title}: {sum(r.passed + r.failed for r in done)} checks ({counted} over transports)")
     passed = sum(r.passed for r in results)
     failed = sum(r.failed for r in results) + sum(1 for r in results if r.error is not None)
     print(f"conformance: {passed} passed, {failed} failed")
@@ -387,18 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only",
         action="append",
         default=[],
-        choices=[m.version for m in CA_MODULES] + ["grpcurl"],
-        help="run only these clients (repeatable); default: every CA version and grpcurl",
+        choices=[m.key for m in CA_MODULES] + ["grpcurl"],
+        help="run only these clients (repeatable); default: every CA client generation and grpcurl",
     )
-    parser.add_argument("--bin-dir", type=Path, default=DEFAULT_BIN_DIR, help="where built binaries are kept")
     args = parser.parse_args(argv)
-    try:
-        go_binary()
-    except GoToolchainMissing as err:
-        print(f"conformance: {err}", file=sys.stderr)
-        return 2
     started = time.monotonic()
-    results = run(args.only, args.bin_dir)
+    results = run(args.only)
     ok = print_summary(results)
     print(f"conformance run took {time.monotonic() - started:.1f}s")
     return 0 if ok else 1

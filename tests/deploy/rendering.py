@@ -1,14 +1,13 @@
 """Render the kustomize trees under deploy/kubernetes and read what they produce.
 
 Kustomize comes from, in order: ``kubectl kustomize`` (kubectl embeds it), a ``kustomize`` binary on
-PATH, or a ``kustomize`` built once from the Go module proxy into a cache directory (the go
+PATH, or the ``kustomize`` that ``make build`` compiles from ``tests/deploy/kustomize`` (the go
 toolchain is the only thing that needs to be installed for that). If none works the caller gets a
-``KustomizeUnavailable`` naming what was tried, never a silent skip.
+``KustomizeUnavailable`` naming what was tried and the command that fixes it, never a silent skip.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -19,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from tests.support import gobuild
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -26,11 +27,8 @@ KUBERNETES = DEPLOY / "kubernetes"
 #: every directory a user is told to ``kubectl apply -k``
 OVERLAYS = ("overlays/scaleway", "overlays/bizfly", "overlays/mtls-service", "server-mtls")
 
-#: the kustomize CLI built when neither kubectl nor kustomize is installed (same major as kubectl's)
-KUSTOMIZE_MODULE = "sigs.k8s.io/kustomize/kustomize/v5"
-KUSTOMIZE_VERSION = "v5.5.0"
-#: same default as the Makefile's GO_CACHE_DIR, so the Go conformance and bench builds share it
-GO_CACHE_DIR = Path(os.environ.get("GO_CACHE_DIR", Path.home() / ".cache" / "ca-externalgrpc-go"))
+#: the build.toml name of the fallback kustomize CLI (tests/deploy/kustomize pins its version)
+KUSTOMIZE_BINARY = "kustomize"
 
 
 class KustomizeUnavailable(RuntimeError):
@@ -58,29 +56,6 @@ def _works(argv: Sequence[str]) -> bool:
     return proc.returncode == 0
 
 
-def _build_with_go(go: str) -> Path:
-    """``go install`` the kustomize CLI into GO_CACHE_DIR/bin/kustomize-<version>/ (once)."""
-    bindir = GO_CACHE_DIR / "bin" / f"kustomize-{KUSTOMIZE_VERSION}"
-    binary = bindir / "kustomize"
-    if binary.is_file():
-        return binary
-    bindir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GOBIN": str(bindir), "GOFLAGS": "-mod=mod"}
-    proc = subprocess.run(
-        [go, "install", f"{KUSTOMIZE_MODULE}@{KUSTOMIZE_VERSION}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        check=False,
-    )
-    if proc.returncode != 0 or not binary.is_file():
-        raise KustomizeUnavailable(
-            f"building {KUSTOMIZE_MODULE}@{KUSTOMIZE_VERSION} with {go} failed:\n{proc.stderr[-2000:]}"
-        )
-    return binary
-
-
 @cache
 def find_kustomize() -> Kustomize:
     tried = []
@@ -92,12 +67,12 @@ def find_kustomize() -> Kustomize:
     if kustomize and _works([kustomize, "build"]):
         return Kustomize((kustomize, "build"))
     tried.append(f"kustomize build ({kustomize or 'kustomize not on PATH'})")
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").is_file() else None)
-    if go:
-        return Kustomize((str(_build_with_go(go)), "build"))
-    tried.append("go install from the Go module proxy (no go toolchain on PATH)")
+    try:
+        return Kustomize((str(gobuild.binary_path(KUSTOMIZE_BINARY)), "build"))
+    except gobuild.GoBuildError as err:
+        tried.append(f"the kustomize of tests/deploy/kustomize ({err})")
     raise KustomizeUnavailable(
-        "cannot render the manifests: install kubectl (>= 1.27), kustomize v5, or a Go toolchain. Tried: "
+        "cannot render the manifests: install kubectl (>= 1.27) or kustomize v5, or run `make build`. Tried: "
         + "; ".join(tried)
     )
 

@@ -116,8 +116,9 @@ def _relative(path: Path) -> str:
 
 
 # ------------------------------------------------------------------------------------ discovery
-def discover(repo: Path = REPO) -> list[Binary]:
+def discover(repo: Path | None = None) -> list[Binary]:
     """Every binary declared by a build.toml under the search roots, in a stable order."""
+    repo = repo or REPO
     binaries: list[Binary] = []
     for root in SEARCH_ROOTS:
         if (repo / root).is_dir():
@@ -461,9 +462,9 @@ def build_all(binaries: Sequence[Binary], say: Callable[[str], None] = print) ->
 
 
 # ------------------------------------------------------------------------------- for the tests
-def binary_path(name: str) -> Path:
+def binary_path(name: str, repo: Path | None = None) -> Path:
     """The built binary ``name``; raises BinaryNotBuilt when it is missing or its sources changed since."""
-    binaries = {b.name: b for b in discover()}
+    binaries = {b.name: b for b in discover(repo)}
     if name not in binaries:
         raise BuildManifestError(f"no build.toml declares a binary named {name!r}; known: {sorted(binaries)}")
     binary = binaries[name]

@@ -19,6 +19,7 @@ require (
 )
 
 require (
+	caconformance/caapi v0.0.0 // indirect
 	cel.dev/expr v0.19.1 // indirect
 	github.com/Microsoft/go-winio v0.6.2 // indirect
 	github.com/antlr4-go/antlr/v4 v4.13.0 // indirect
@@ -108,6 +109,8 @@ require (
 )
 
 replace caconformance/checks => ../checks
+
+replace caconformance/caapi => ../caapi/intree
 
 // Replace directives that cluster-autoscaler's own go.mod carries (replaces in a
 // dependency are ignored by Go, so the consumer must restate them).

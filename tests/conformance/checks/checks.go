@@ -3,8 +3,8 @@
 // compares what the CA sees with an expectations file written by tests/conformance/run.py.
 //
 // The same source is compiled once per CA version (modules ../ca1341 and ../ca1361). It only
-// uses API that is identical in those releases: cloudprovider.CloudProvider/NodeGroup,
-// framework.NodeInfo.Node(), config.NodeGroupAutoscalingOptions' common fields.
+// uses API that is identical in those releases: caapi.CloudProvider/NodeGroup,
+// framework.NodeInfo.Node(), caapi.NodeGroupAutoscalingOptions' common fields.
 package checks
 
 import (
@@ -21,8 +21,9 @@ import (
 	apiv1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/autoscaler/cluster-autoscaler/cloudprovider"
-	"k8s.io/autoscaler/cluster-autoscaler/config"
+	versionpkg "k8s.io/autoscaler/cluster-autoscaler/version"
+
+	"caconformance/caapi"
 )
 
 // Expectations is the JSON contract with run.py. Every field is optional: a check whose
@@ -89,7 +90,7 @@ const AnyErrorCode = "*"
 
 func errorClassMatches(got, want int) bool {
 	if want == 0 {
-		return got == int(cloudprovider.OutOfResourcesErrorClass) || got == int(cloudprovider.OtherErrorClass)
+		return got == int(caapi.OutOfResourcesErrorClass) || got == int(caapi.OtherErrorClass)
 	}
 	return got == want
 }
@@ -163,34 +164,39 @@ func (r *Runner) Guard(name string, check func()) {
 }
 
 // Builder builds the provider from a cloud-config path (version specific glue).
-type Builder func(cloudConfigPath string) cloudprovider.CloudProvider
+type Builder func(cloudConfigPath string) caapi.CloudProvider
 
 // DefaultBuilder is set by each version module's main package.
 var DefaultBuilder Builder
 
-// caModuleVersion reports which k8s.io/autoscaler/cluster-autoscaler version this binary was
-// linked against, read from the build info rather than repeated by hand.
-func caModuleVersion() string {
+// moduleVersion reports which version of a module this binary was linked against, read from
+// the build info rather than repeated by hand ("" when the module is not linked in).
+func moduleVersion(path string) string {
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "unknown"
+		return ""
 	}
 	for _, dep := range info.Deps {
-		if dep.Path == "k8s.io/autoscaler/cluster-autoscaler" {
+		if dep.Path == path {
 			if dep.Replace != nil {
 				return dep.Replace.Version
 			}
 			return dep.Version
 		}
 	}
-	return "unknown"
+	return ""
 }
 
 // Summary is the last stdout line, parsed by run.py.
 type Summary struct {
-	Version  string   `json:"version"`
-	Label    string   `json:"label"`
-	CAModule string   `json:"ca_module"`
+	Version  string `json:"version"`
+	Label    string `json:"label"`
+	CAModule string `json:"ca_module"`
+	// CoreModule is "path version" of the module the CA core came from when it is not the CA
+	// module itself (CA HEAD: sigs.k8s.io/cluster-autoscaler).
+	CoreModule string `json:"core_module"`
+	// Declared is the version the CA module itself declares (version.ClusterAutoscalerVersion).
+	Declared string   `json:"declared_version"`
 	Passed   int      `json:"passed"`
 	Failed   int      `json:"failed"`
 	Failures []string `json:"failures"`
@@ -221,9 +227,14 @@ func Main(version string) {
 	if *label != "" {
 		prefix += "/" + *label
 	}
-	module := caModuleVersion()
-	fmt.Printf("cluster-autoscaler %s externalgrpc client (k8s.io/autoscaler/cluster-autoscaler %s), cloud-config %s\n",
-		version, module, *cloudConfig)
+	module := moduleVersion("k8s.io/autoscaler/cluster-autoscaler")
+	core, coreNote := "", ""
+	if caapi.CoreModule != "k8s.io/autoscaler/cluster-autoscaler" {
+		core = caapi.CoreModule + " " + moduleVersion(caapi.CoreModule)
+		coreNote = ", core " + core
+	}
+	fmt.Printf("cluster-autoscaler %s externalgrpc client (k8s.io/autoscaler/cluster-autoscaler %s, declares %q%s), cloud-config %s\n",
+		version, module, versionpkg.ClusterAutoscalerVersion, coreNote, *cloudConfig)
 	func() {
 		// A panic inside the CA client (e.g. a nil options duration on <= 1.34.1) is exactly the
 		// failure mode this suite exists to catch: record it instead of dying without a summary.
@@ -235,8 +246,8 @@ func Main(version string) {
 		cp := DefaultBuilder(*cloudConfig)
 		Run(r, prefix, cp, &exp)
 	}()
-	out, _ := json.Marshal(Summary{Version: version, Label: *label, CAModule: module, Passed: r.passed,
-		Failed: r.failed, Failures: r.failures})
+	out, _ := json.Marshal(Summary{Version: version, Label: *label, CAModule: module, CoreModule: core,
+		Declared: versionpkg.ClusterAutoscalerVersion, Passed: r.passed, Failed: r.failed, Failures: r.failures})
 	fmt.Printf("SUMMARY %s\n", out)
 	if r.failed > 0 {
 		os.Exit(1)
@@ -271,7 +282,7 @@ func (g *Group) label() string {
 	return g.ID
 }
 
-func findGroup(cp cloudprovider.CloudProvider, id string) cloudprovider.NodeGroup {
+func findGroup(cp caapi.CloudProvider, id string) caapi.NodeGroup {
 	for _, g := range cp.NodeGroups() {
 		if g.Id() == id {
 			return g
@@ -282,8 +293,8 @@ func findGroup(cp cloudprovider.CloudProvider, id string) cloudprovider.NodeGrou
 
 // Run executes the checks in a fixed order: reads first, then mutations, then reads that
 // observe the mutations, then Refresh/Cleanup.
-func Run(r *Runner, p string, cp cloudprovider.CloudProvider, exp *Expectations) {
-	if cp.Name() != cloudprovider.ExternalGrpcProviderName {
+func Run(r *Runner, p string, cp caapi.CloudProvider, exp *Expectations) {
+	if cp.Name() != caapi.ExternalGrpcProviderName {
 		r.Fail(p+"/Name", fmt.Sprintf("got %q", cp.Name()))
 	} else {
 		r.Pass(p+"/Name", cp.Name())
@@ -294,7 +305,7 @@ func Run(r *Runner, p string, cp cloudprovider.CloudProvider, exp *Expectations)
 
 	// NodeGroups: every expected id with min/max.
 	groups := cp.NodeGroups()
-	got := map[string]cloudprovider.NodeGroup{}
+	got := map[string]caapi.NodeGroup{}
 	var ids []string
 	for _, g := range groups {
 		got[g.Id()] = g
@@ -375,7 +386,7 @@ func Run(r *Runner, p string, cp cloudprovider.CloudProvider, exp *Expectations)
 		now := time.Now()
 		price, perr := pm.PodPrice(pod, now, now.Add(time.Hour))
 		switch {
-		case errors.Is(perr, cloudprovider.ErrNotImplemented):
+		case errors.Is(perr, caapi.ErrNotImplemented):
 			r.Pass(p+"/PodPrice", "ErrNotImplemented")
 		case perr != nil:
 			r.Fail(p+"/PodPrice", perr.Error())
@@ -396,7 +407,7 @@ func Run(r *Runner, p string, cp cloudprovider.CloudProvider, exp *Expectations)
 	r.Check(p+"/Cleanup", cp.Cleanup(), "ok")
 }
 
-func isNilGroup(g cloudprovider.NodeGroup) bool {
+func isNilGroup(g caapi.NodeGroup) bool {
 	// The client returns a typed nil in some versions; treat an empty id as "none".
 	defer func() { _ = recover() }()
 	return g.Id() == ""
@@ -411,7 +422,7 @@ func keys(m map[string]struct{}) []string {
 	return out
 }
 
-func readChecks(r *Runner, gp string, cp cloudprovider.CloudProvider, g cloudprovider.NodeGroup, eg *Group) {
+func readChecks(r *Runner, gp string, cp caapi.CloudProvider, g caapi.NodeGroup, eg *Group) {
 	if eg.TargetSize != nil {
 		ts, err := g.TargetSize()
 		switch {
@@ -455,7 +466,7 @@ func readChecks(r *Runner, gp string, cp cloudprovider.CloudProvider, g cloudpro
 			now := time.Now()
 			price, err := pm.NodePrice(node(eg.ManagedNode), now, now.Add(time.Hour))
 			switch {
-			case eg.NodePriceUnimp && errors.Is(err, cloudprovider.ErrNotImplemented):
+			case eg.NodePriceUnimp && errors.Is(err, caapi.ErrNotImplemented):
 				r.Pass(gp+"/NodePrice", "ErrNotImplemented")
 			case err != nil:
 				r.Fail(gp+"/NodePrice", err.Error())
@@ -480,7 +491,7 @@ func readChecks(r *Runner, gp string, cp cloudprovider.CloudProvider, g cloudpro
 		name := gp + "/TemplateNodeInfo[unimplemented]"
 		r.Guard(name, func() {
 			ni, err := g.TemplateNodeInfo()
-			if errors.Is(err, cloudprovider.ErrNotImplemented) {
+			if errors.Is(err, caapi.ErrNotImplemented) {
 				r.Pass(name, "ErrNotImplemented")
 			} else {
 				r.Fail(name, fmt.Sprintf("got %v, %v; want ErrNotImplemented", ni, err))
@@ -500,19 +511,19 @@ func approxEqual(a, b float64) bool {
 	return d < 1e-9 || d < 1e-6*b
 }
 
-var stateNames = map[cloudprovider.InstanceState]string{
-	cloudprovider.InstanceRunning:  "running",
-	cloudprovider.InstanceCreating: "creating",
-	cloudprovider.InstanceDeleting: "deleting",
+var stateNames = map[caapi.InstanceState]string{
+	caapi.InstanceRunning:  "running",
+	caapi.InstanceCreating: "creating",
+	caapi.InstanceDeleting: "deleting",
 }
 
-func checkInstances(r *Runner, name string, g cloudprovider.NodeGroup, want []Instance) {
+func checkInstances(r *Runner, name string, g caapi.NodeGroup, want []Instance) {
 	insts, err := g.Nodes()
 	if err != nil {
 		r.Fail(name, err.Error())
 		return
 	}
-	byID := map[string]cloudprovider.Instance{}
+	byID := map[string]caapi.Instance{}
 	var gotIDs []string
 	for _, in := range insts {
 		byID[in.Id] = in
@@ -559,7 +570,7 @@ func checkInstances(r *Runner, name string, g cloudprovider.NodeGroup, want []In
 	}
 }
 
-func checkTemplate(r *Runner, name string, g cloudprovider.NodeGroup, want *Template) {
+func checkTemplate(r *Runner, name string, g caapi.NodeGroup, want *Template) {
 	ni, err := g.TemplateNodeInfo()
 	if err != nil {
 		r.Fail(name, err.Error())
@@ -619,9 +630,9 @@ func checkTemplate(r *Runner, name string, g cloudprovider.NodeGroup, want *Temp
 		len(n.Labels), len(n.Spec.Taints)))
 }
 
-func caDefaults() config.NodeGroupAutoscalingOptions {
+func caDefaults() caapi.NodeGroupAutoscalingOptions {
 	// Distinctive values so that "kept the CA's defaults" is observable.
-	return config.NodeGroupAutoscalingOptions{
+	return caapi.NodeGroupAutoscalingOptions{
 		ScaleDownUtilizationThreshold:    0.41,
 		ScaleDownGpuUtilizationThreshold: 0.42,
 		ScaleDownUnneededTime:            11 * time.Minute,
@@ -632,7 +643,7 @@ func caDefaults() config.NodeGroupAutoscalingOptions {
 	}
 }
 
-func checkOptions(r *Runner, name string, g cloudprovider.NodeGroup, eg *Group) {
+func checkOptions(r *Runner, name string, g caapi.NodeGroup, eg *Group) {
 	if !eg.OptionsEmpty && eg.Options == nil {
 		return
 	}
@@ -640,7 +651,7 @@ func checkOptions(r *Runner, name string, g cloudprovider.NodeGroup, eg *Group) 
 	opts, err := g.GetOptions(defaults)
 	if eg.OptionsEmpty {
 		switch {
-		case errors.Is(err, cloudprovider.ErrNotImplemented):
+		case errors.Is(err, caapi.ErrNotImplemented):
 			r.Pass(name+"[default]", "ErrNotImplemented (CA uses its flags)")
 		case err != nil:
 			r.Fail(name+"[default]", err.Error())
@@ -707,7 +718,7 @@ func checkOptions(r *Runner, name string, g cloudprovider.NodeGroup, eg *Group) 
 	r.Pass(name+"[configured]", fmt.Sprintf("%+v", *opts))
 }
 
-func mutationChecks(r *Runner, p string, b Backend, cp cloudprovider.CloudProvider, exp *Expectations) {
+func mutationChecks(r *Runner, p string, b Backend, cp caapi.CloudProvider, exp *Expectations) {
 	for _, eg := range b.Groups {
 		gp := fmt.Sprintf("%s/%s/%s", p, b.Name, eg.label())
 		g := findGroup(cp, eg.ID)
