@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.control_plane import ControlPlanePrograms
-from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout
+from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, StartEnvironment
 from tests.e2e.report import TIMINGS
 from tests.support.gobuild import GoBuildError, binary_path
 
-StartEnvironment = Callable[..., E2EEnvironment]
 # The programs tests/e2e/gomod/build.toml declares.
 CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
 KUBE_APISERVER = "kube-apiserver-1.36.2"
@@ -48,6 +47,11 @@ def _option(config: pytest.Config, name: str) -> object:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    steady = _steady_seconds(config)
+    for item in items:
+        if "steady_seconds" in getattr(item, "fixturenames", ()):
+            # Its own length plus start-up and checks; no fixed per-test timeout fits every length.
+            item.add_marker(pytest.mark.timeout(steady + 180))
     if _option(config, "--e2e"):
         return
     selected: list[pytest.Item] = []
@@ -81,10 +85,14 @@ def resolve_programs() -> AutoscalerPrograms:
     )
 
 
+def _steady_seconds(config: pytest.Config) -> float:
+    value = _option(config, "--steady-seconds")
+    return float(value) if isinstance(value, int | float) else DEFAULT_STEADY_SECONDS
+
+
 @pytest.fixture
 def steady_seconds(request: pytest.FixtureRequest) -> float:
-    value = _option(request.config, "--steady-seconds")
-    return float(value) if isinstance(value, int | float) else DEFAULT_STEADY_SECONDS
+    return _steady_seconds(request.config)
 
 
 @pytest.fixture

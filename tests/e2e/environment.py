@@ -355,6 +355,10 @@ class E2EEnvironment:
             time.sleep(interval)
 
 
+# What the ``start_environment`` fixture gives a scenario: ``start(layout, ca_flags=None, prepare=None)``.
+StartEnvironment = Callable[..., E2EEnvironment]
+
+
 def _machines(env: E2EEnvironment) -> Iterator[bool]:
     """One entry per machine that should be a Ready node at start: running Scaleway and Bizfly nodes."""
     for node in env.scw.state.snapshot()["nodes"]:

@@ -8,12 +8,12 @@ import time
 import pytest
 
 from simulators.common import Fault
-from tests.e2e.conftest import StartEnvironment
-from tests.e2e.environment import E2EEnvironment, Layout, bizfly_pool, measure, scaleway_pool
+from tests.e2e.environment import E2EEnvironment, Layout, StartEnvironment, bizfly_pool, measure, scaleway_pool
+from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, machines, pool_size
 from tests.e2e.report import record_timing
-from tests.e2e.test_scaling import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, machines, pool_size
 
-pytestmark = pytest.mark.e2e
+# Each scenario starts its own cluster (about 15 s) and waits for real loops: more than the default 120 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 # Two empty pools can host the pod (1.5 CPU, 5 GiB); "tight" wastes less, so the least-waste expander
 # tries it first. Its next scale-up is set to fail; the CA must back it off and scale "roomy".
@@ -145,6 +145,13 @@ def test_one_cloud_down_for_many_loops_the_other_keeps_autoscaling(start_environ
 
     env.bz.faults.clear()
     up = time.time()
+    # Our server's circuit breaker keeps Bizfly calls suspended for a while after repeated failures; a
+    # scale-up asked in that window fails, and the CA then backs the group off for 5 minutes. Wait for
+    # the breaker's probe to reach Bizfly and succeed, as an operator waits for the provider to recover.
+    env.wait_for(
+        lambda: any(r.status == 200 for r in env.bz.requests.all() if r.at >= up), 60, "our server reading Bizfly again"
+    )
+    print(f"our server reached Bizfly again {time.time() - up:.1f}s after its API came back")
     (bz_only,) = machines(env, "bizfly", "general")
     env.create_pod("bz-filler", cpu=FILLER_CPU["bizfly"], node_name=bz_only["name"])
     created = env.create_pod("bz-app", cpu=APP_CPU["bizfly"], node_selector={POOL_LABEL["bizfly"]: "general"})

@@ -4,48 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import StartEnvironment
-from tests.e2e.environment import E2EEnvironment, Layout, bizfly_pool, measure, scaleway_pool
+from tests.e2e.environment import E2EEnvironment, StartEnvironment, bizfly_pool, measure, scaleway_pool
+from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, all_running, machines, pool_size, two_clouds
 from tests.e2e.report import record_timing
 
-pytestmark = pytest.mark.e2e
-
-POOL_LABEL = {"scaleway": "k8s.scaleway.com/pool-name", "bizfly": "bke.bizflycloud.vn/pool-name"}
-
-
-def machines(env: E2EEnvironment, cloud: str, pool: str) -> list[dict[str, str]]:
-    """``{id, name, provider_id}`` of every machine of a pool, whatever the cloud's own format."""
-    if cloud == "scaleway":
-        return [{"id": n["id"], "name": n["name"], "provider_id": n["provider_id"]} for n in env.scaleway_nodes(pool)]
-    return [
-        {"id": n["id"], "name": n["k8s"]["name"], "provider_id": n["k8s"]["provider_id"]}
-        for n in env.bizfly_nodes(pool)
-    ]
-
-
-def pool_size(env: E2EEnvironment, cloud: str, pool: str) -> int:
-    if cloud == "scaleway":
-        return int(env.scaleway_pool(pool)["size"])
-    return int(env.bizfly_pool(pool)["desired_size"])
-
-
-def all_running(env: E2EEnvironment, cloud: str, pool: str) -> bool:
-    if cloud == "scaleway":
-        return all(n["status"] == "ready" for n in env.scaleway_nodes(pool))
-    return all(n["phase"] == "running" for n in env.bizfly_nodes(pool))
-
-
-def two_clouds(scaleway: list[dict[str, object]], bizfly: list[dict[str, object]]) -> Layout:
-    return Layout(scaleway_pools=scaleway, bizfly_pools=bizfly)
-
-
-# One busy machine per cloud: a pinned pod takes most of its CPU, so the next pod needs a new machine.
-SCALE_UP = two_clouds(
-    [scaleway_pool("general", "DEV1-M", 1, 1, 4)],  # 3 CPUs allocatable
-    [bizfly_pool("general", "nix.2c_4g", 1, 1, 4)],  # 1.9 CPUs allocatable
-)
-FILLER_CPU = {"scaleway": "2", "bizfly": "1500m"}
-APP_CPU = {"scaleway": "2", "bizfly": "1"}
+# Each scenario starts its own cluster (about 15 s) and waits for real loops: more than the default 120 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 
 @pytest.mark.parametrize("cloud", ["scaleway", "bizfly"])

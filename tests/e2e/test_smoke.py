@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from tests.e2e.conftest import StartEnvironment
-from tests.e2e.environment import Layout, measure
+import pytest
+
+from tests.e2e.environment import Layout, StartEnvironment, measure
 from tests.e2e.report import record_timing
 
 SCW_POOL = "k8s.scaleway.com/pool-name"
@@ -22,6 +23,7 @@ def smoke_layout() -> Layout:
     )  # fmt: skip
 
 
+@pytest.mark.timeout(300)
 def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_environment: StartEnvironment) -> None:
     env = start_environment(smoke_layout())
     group = env.group_id("scaleway", "general")
