@@ -123,11 +123,14 @@ class Autoscaler:
         self.log_path = workdir / "logs" / "cluster-autoscaler.log"
         self.log = AutoscalerLog(self.log_path)
         self.process = ManagedProcess("cluster-autoscaler", self.argv, self.log_path)
+        self.started_at = 0.0
 
     def start(self, ready_timeout: float = 60.0) -> Autoscaler:
-        started = time.time()
+        self.started_at = time.time()
         self.process.start()
-        self.process.wait_until(lambda: bool(self.log.loops(since=started)), ready_timeout, "running its main loop")
+        self.process.wait_until(
+            lambda: bool(self.log.loops(since=self.started_at)), ready_timeout, "running its main loop"
+        )
         return self
 
     def check_running(self) -> None:

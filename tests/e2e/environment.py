@@ -131,18 +131,26 @@ class OurServer:
 
 @dataclass
 class ScenarioTiming:
-    """Wall-clock seconds from a pending pod to the cloud call that resized a pool and to the pod running."""
+    """Wall-clock seconds from what starts a scenario's work to the cloud call it causes and to its end.
+
+    Scale-ups start at a pending pod, call the cloud to resize a pool and end with the pod running;
+    scale-downs start when the nodes are empty, call the cloud to delete machines and end with the
+    last Node gone.
+    """
 
     scenario: str
     to_cloud_call: float | None = None
-    to_pod_running: float | None = None
+    to_done: float | None = None
+    start: str = "pending pod"
+    done: str = "pod running"
 
     def line(self) -> str:
         def show(value: float | None) -> str:
             return f"{value:6.1f}s" if value is not None else "     - "
 
         return (
-            f"{self.scenario:58} pod->cloud call {show(self.to_cloud_call)}   pod->running {show(self.to_pod_running)}"
+            f"{self.scenario:50} {self.start}->cloud call {show(self.to_cloud_call)}"
+            f"   ->{self.done} {show(self.to_done)}"
         )
 
 
@@ -380,5 +388,20 @@ def measure(env: E2EEnvironment, scenario: str, pod: str, created: float, cloud:
     return ScenarioTiming(
         scenario,
         to_cloud_call=calls[0].at - created if calls else None,
-        to_pod_running=running - created if running is not None else None,
+        to_done=running - created if running is not None else None,
+    )
+
+
+def measure_removal(env: E2EEnvironment, scenario: str, names: set[str], emptied: float) -> ScenarioTiming:
+    """The timing of a scale-down: from the nodes being empty to the first machine deletion any cloud
+    received, and to the last of their Nodes gone."""
+    calls = [r.at for cloud in DELETE_ROUTES for r in env.cloud_requests(cloud, DELETE_ROUTES[cloud], since=emptied)]
+    assert env.agent is not None
+    gone = [env.agent.record.nodes_deleted[name] for name in names if name in env.agent.record.nodes_deleted]
+    return ScenarioTiming(
+        scenario,
+        to_cloud_call=min(calls) - emptied if calls else None,
+        to_done=max(gone) - emptied if len(gone) == len(names) else None,
+        start="empty nodes",
+        done="nodes gone",
     )

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.environment import E2EEnvironment, StartEnvironment, bizfly_pool, measure, scaleway_pool
+from tests.e2e.environment import (
+    E2EEnvironment,
+    StartEnvironment,
+    bizfly_pool,
+    measure,
+    measure_removal,
+    scaleway_pool,
+)
 from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, all_running, machines, pool_size, two_clouds
 from tests.e2e.report import record_timing
 
@@ -101,6 +108,8 @@ def test_empty_nodes_are_deleted_through_delete_nodes_and_only_they(start_enviro
     assert len(empty_names) == 4
 
     env.wait_for(lambda: not empty_names & set(env.nodes()), 120, "the four empty nodes removed")
+    # The nodes were empty from the CA's start.
+    record_timing(measure_removal(env, "scale-down (2 empty nodes on each cloud)", empty_names, env.ca.started_at))
     for cloud in ("scaleway", "bizfly"):
         deleted = sorted(r.path.rsplit("/", 1)[-1] for r in env.cloud_requests(cloud, "delete_node"))
         assert deleted == sorted(m["id"] for m in empty[cloud]), (cloud, deleted)
@@ -142,6 +151,7 @@ def test_ten_empty_nodes_of_one_group_go_in_one_loop(start_environment: StartEnv
     names = {m["name"] for m in empty}
 
     env.wait_for(lambda: not names & set(env.nodes()), 120, "the ten empty nodes removed")
+    record_timing(measure_removal(env, f"parallel scale-down (10 nodes, {cloud})", names, env.ca.started_at))
     removals = env.ca.log.matching(r"^Scale-down: removing empty node \"")
     assert {e.message.split('"')[1] for e in removals} == names
     # One loop: every removal decision was logged between the same two loop starts.

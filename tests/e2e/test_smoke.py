@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.e2e.environment import Layout, StartEnvironment, measure
+from tests.e2e.environment import Layout, StartEnvironment, measure, measure_removal
 from tests.e2e.report import record_timing
 
 SCW_POOL = "k8s.scaleway.com/pool-name"
@@ -55,6 +55,7 @@ def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_env
     # Scale-down: the new node is empty once the pod goes, the CA removes it through NodeGroupDeleteNodes.
     emptied = env.delete_pod_at("app")
     env.wait_for(lambda: new["name"] not in env.nodes(), 120, f"node {new['name']} removed")
+    record_timing(measure_removal(env, "smoke: scale-down (Scaleway, emptied node)", {new["name"]}, emptied))
     deletes = env.cloud_requests("scaleway", "delete_node", since=emptied)
     assert [r.path.rsplit("/", 1)[-1] for r in deletes] == [new["id"]], deletes
     assert env.ca.log.matching(rf'^Scale-down: removing empty node "{new["name"]}"', since=emptied)
