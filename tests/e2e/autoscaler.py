@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.processes import ManagedProcess, free_port
+from devstack.harness import listening_addresses
+from tests.e2e.processes import ManagedProcess
 
 SCAN_INTERVAL = "2s"
 # Flags every scenario shares; a scenario adds or overrides through ``extra_flags``.
@@ -116,8 +117,9 @@ class Autoscaler:
         flags = {**BASE_FLAGS, **(extra_flags or {})}
         flags["kubeconfig"] = str(kubeconfig)
         flags["cloud-config"] = str(cloud_config)
-        self.metrics_port = free_port()
-        flags["address"] = f"127.0.0.1:{self.metrics_port}"
+        # Metrics on a port the CA binds itself; read back from /proc once it runs.
+        flags["address"] = "127.0.0.1:0"
+        self.metrics_address = ""
         self.flags = flags
         self.argv = [str(program), *(f"--{k}={v}" for k, v in flags.items())]
         self.log_path = workdir / "logs" / "cluster-autoscaler.log"
@@ -131,6 +133,9 @@ class Autoscaler:
         self.process.wait_until(
             lambda: bool(self.log.loops(since=self.started_at)), ready_timeout, "running its main loop"
         )
+        assert self.process.child is not None
+        host, port = listening_addresses(self.process.child.pid)[0]
+        self.metrics_address = f"{host}:{port}"
         return self
 
     def check_running(self) -> None:
@@ -141,7 +146,7 @@ class Autoscaler:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``cluster_autoscaler_<name>`` whose labels include ``labels``."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        url = f"http://{self.metrics_address}/metrics"
         with urllib.request.urlopen(url, timeout=5) as answer:
             text = answer.read().decode()
         total = 0.0

@@ -149,7 +149,7 @@ class ScenarioTiming:
             return f"{value:6.1f}s" if value is not None else "     - "
 
         return (
-            f"{self.scenario:50} {self.start}->cloud call {show(self.to_cloud_call)}"
+            f"{self.scenario:56} {self.start}->cloud call {show(self.to_cloud_call)}"
             f"   ->{self.done} {show(self.to_done)}"
         )
 
