@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.control_plane import ControlPlanePrograms
 from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, StartEnvironment
-from tests.e2e.report import TIMINGS
+from tests.e2e.report import SUMMARY
 from tests.support.gobuild import GoBuildError, binary_path
 
 # The programs tests/e2e/gomod/build.toml declares.
@@ -115,8 +115,8 @@ def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not TIMINGS:
+    if not SUMMARY:
         return
-    terminalreporter.section("e2e timings (real cluster-autoscaler 1.36.1)")
-    for timing in TIMINGS:
-        terminalreporter.write_line(timing.line())
+    terminalreporter.section("e2e timings and figures (real cluster-autoscaler 1.36.1)")
+    for line in SUMMARY:
+        terminalreporter.write_line(line)

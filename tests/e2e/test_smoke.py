@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.e2e.environment import Layout, StartEnvironment, measure, measure_removal
-from tests.e2e.report import record_timing
+from tests.e2e.report import publish, record_timing
 
 SCW_POOL = "k8s.scaleway.com/pool-name"
 
@@ -100,4 +100,4 @@ def test_steady_state_loops_raise_no_provider_error(start_environment: StartEnvi
     assert {name: node.spec.provider_id for name, node in env.nodes().items()} == nodes_before
     for cloud in ("scaleway", "bizfly"):
         assert not env.cloud_requests(cloud, "update_pool") and not env.cloud_requests(cloud, "delete_node")
-    print(f"steady state: {len(loops)} CA loops in {steady_seconds:.0f}s, no provider error")
+    publish(f"steady state: {len(loops)} CA loops in {steady_seconds:.0f}s, no provider error, no cloud call")
