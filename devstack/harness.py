@@ -389,6 +389,18 @@ class ServerProcess(ChildProcess):
     def restart(self, sig: signal.Signals = signal.SIGKILL) -> None:
         """Stop the process (killed by default: no drain) and start a new one on new ports."""
         self.stop(sig)
+        self.respawn()
+
+    def respawn(self, same_addresses: bool = False) -> None:
+        """Start a new process once this one has stopped; on new ports, or with ``same_addresses`` on
+        the ones it had, as a restarted pod behind a Service: a client whose configuration names the
+        address (the CA's cloud-config) reconnects without being told."""
+        if self.process.poll() is None:
+            raise RuntimeError(f"{self.name} is still running: stop it before respawning")
+        if same_addresses:
+            config = yaml.safe_load(self.config_path.read_text())
+            config["listen"], config["http_listen"] = self.address, self.http_address
+            write_config(self.config_path, config)
         self.restarts += 1
         self.ready_path.unlink(missing_ok=True)
         self._spawn()

@@ -1,0 +1,122 @@
+"""Fixtures and reporting for the end-to-end scenarios (the real cluster-autoscaler binary).
+
+The smoke scenarios (one scale-up, one scale-down, a short steady state) run with ``make test``;
+every scenario marked ``e2e`` runs only with ``make e2e`` (``pytest tests/e2e --e2e``). The programs
+come from the Go build step (``make build``); a missing one fails the scenario with one line naming
+it and the command that builds it. Each scenario prints, at the end of the run, the time from its
+pending pod to the cloud call and to the pod running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.control_plane import ControlPlanePrograms
+from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, StartEnvironment
+from tests.e2e.report import SUMMARY
+from tests.support.gobuild import GoBuildError, binary_path
+
+# The programs tests/e2e/gomod/build.toml declares.
+CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
+KUBE_APISERVER = "kube-apiserver-1.36.2"
+KUBE_SCHEDULER = "kube-scheduler-1.36.2"
+ETCD = "etcd-3.6.8"
+PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
+DEFAULT_STEADY_SECONDS = 20.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--e2e", action="store_true", default=False, help="also run the scenarios marked e2e")
+    parser.addoption(
+        "--steady-seconds",
+        type=float,
+        default=None,
+        help=f"length of the steady-state scenario (default {DEFAULT_STEADY_SECONDS:.0f}s; make e2e passes 180)",
+    )
+
+
+def _option(config: pytest.Config, name: str) -> object:
+    # Registered only when this folder is on the command line; under ``pytest tests`` read it defensively.
+    try:
+        return config.getoption(name)
+    except ValueError:
+        return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    steady = _steady_seconds(config)
+    for item in items:
+        if "steady_seconds" in getattr(item, "fixturenames", ()):
+            # Its own length plus start-up and checks; no fixed per-test timeout fits every length.
+            item.add_marker(pytest.mark.timeout(steady + 180))
+    if _option(config, "--e2e"):
+        return
+    selected: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        (deselected if item.get_closest_marker("e2e") else selected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+
+
+@pytest.fixture(scope="session")
+def programs() -> AutoscalerPrograms:
+    return resolve_programs()
+
+
+def resolve_programs() -> AutoscalerPrograms:
+    """The binaries ``make build`` produced; one line naming what is missing and how to build it."""
+    missing = ""
+    try:
+        paths = {name: binary_path(name) for name in PROGRAM_NAMES}
+    except GoBuildError as err:
+        missing = str(err)
+    if missing:  # failed outside the except block, so the report is this one line and no traceback
+        pytest.fail(missing, pytrace=False)
+    return AutoscalerPrograms(
+        ControlPlanePrograms(
+            etcd=paths[ETCD], kube_apiserver=paths[KUBE_APISERVER], kube_scheduler=paths[KUBE_SCHEDULER]
+        ),
+        cluster_autoscaler=paths[CLUSTER_AUTOSCALER],
+    )
+
+
+def _steady_seconds(config: pytest.Config) -> float:
+    value = _option(config, "--steady-seconds")
+    return float(value) if isinstance(value, int | float) else DEFAULT_STEADY_SECONDS
+
+
+@pytest.fixture
+def steady_seconds(request: pytest.FixtureRequest) -> float:
+    return _steady_seconds(request.config)
+
+
+@pytest.fixture
+def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[StartEnvironment]:
+    """A factory: ``start_environment(layout, ca_flags=None, prepare=None)`` -> a running ``E2EEnvironment``."""
+    started: list[E2EEnvironment] = []
+
+    def start(
+        layout: Layout,
+        ca_flags: dict[str, str] | None = None,
+        prepare: Callable[[E2EEnvironment], None] | None = None,
+    ) -> E2EEnvironment:
+        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare)
+        started.append(env)
+        return env.start()
+
+    yield start
+    for env in started:
+        env.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not SUMMARY:
+        return
+    terminalreporter.section("e2e timings and figures (real cluster-autoscaler 1.36.1)")
+    for line in SUMMARY:
+        terminalreporter.write_line(line)

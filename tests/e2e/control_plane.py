@@ -1,0 +1,275 @@
+"""A minimal real Kubernetes control plane: etcd, kube-apiserver and kube-scheduler on loopback.
+
+There is no kubelet, no controller-manager and no container runtime: the node agent plays the parts of
+those that the cluster-autoscaler depends on (Node objects, their readiness, pod phases). The API server
+authorizes every authenticated request (AlwaysAllow) and authenticates clients by certificates signed by
+a CA generated for the run; everything (certificates, service-account key, etcd data) lives in the run's
+work folder. Admission plugins that need a controller-manager (ServiceAccount tokens) are disabled.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import ssl
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tests.e2e.processes import ManagedProcess, ProcessFailed, free_port
+
+START_ATTEMPTS = 3  # a free port can be taken by another program between choosing and binding it
+
+
+@dataclass(frozen=True)
+class ControlPlanePrograms:
+    etcd: Path
+    kube_apiserver: Path
+    kube_scheduler: Path
+
+
+@dataclass(frozen=True)
+class ClusterPki:
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    admin_cert: Path
+    admin_key: Path
+    service_account_key: Path
+    service_account_pub: Path
+
+
+def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    path.chmod(0o600)
+
+
+def _certificate(
+    subject: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    signer: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool = False,
+    usage: x509.ObjectIdentifier | None = None,
+    sans: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if usage is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(signer, hashes.SHA256())
+
+
+def make_cluster_pki(directory: Path) -> ClusterPki:
+    """A cluster CA, the API server's serving certificate and an admin client certificate (system:masters)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "e2e cluster CA")])
+    ca_cert = _certificate(ca_name, ca_key, ca_name, ca_key, ca=True)
+    serving_key = ec.generate_private_key(ec.SECP256R1())
+    serving_cert = _certificate(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
+        serving_key,
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
+    admin_key = ec.generate_private_key(ec.SECP256R1())
+    admin_cert = _certificate(
+        x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+                x509.NameAttribute(NameOID.COMMON_NAME, "e2e-admin"),
+            ]
+        ),
+        admin_key,
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+    sa_key = ec.generate_private_key(ec.SECP256R1())
+    pki = ClusterPki(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "apiserver.crt",
+        serving_key=directory / "apiserver.key",
+        admin_cert=directory / "admin.crt",
+        admin_key=directory / "admin.key",
+        service_account_key=directory / "sa.key",
+        service_account_pub=directory / "sa.pub",
+    )
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    pki.serving_cert.write_bytes(serving_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(serving_key, pki.serving_key)
+    pki.admin_cert.write_bytes(admin_cert.public_bytes(serialization.Encoding.PEM))
+    _write_key(admin_key, pki.admin_key)
+    _write_key(sa_key, pki.service_account_key)
+    pki.service_account_pub.write_bytes(
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return pki
+
+
+def write_kubeconfig(path: Path, server: str, pki: ClusterPki) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}],
+        "users": [
+            {"name": "admin", "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}
+        ],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
+        "current-context": "e2e",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-scheduler, started in that order, stopped in reverse."""
+
+    def __init__(self, programs: ControlPlanePrograms, workdir: Path) -> None:
+        self.programs = programs
+        self.workdir = workdir
+        self.pki = make_cluster_pki(workdir / "pki")
+        self.etcd: ManagedProcess | None = None
+        self.apiserver: ManagedProcess | None = None
+        self.scheduler: ManagedProcess | None = None
+        self.server_url = ""
+        self.kubeconfig = workdir / "kubeconfig.yaml"
+
+    def start(self) -> ControlPlane:
+        try:
+            etcd_url = self._start_etcd()
+            self._start_apiserver(etcd_url)
+            write_kubeconfig(self.kubeconfig, self.server_url, self.pki)
+            self._start_scheduler()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_etcd(self) -> str:
+        last: ProcessFailed | None = None
+        for attempt in range(START_ATTEMPTS):
+            client, peer = free_port(), free_port()
+            url = f"http://127.0.0.1:{client}"
+            self.etcd = ManagedProcess(
+                "etcd",
+                [
+                    str(self.programs.etcd),
+                    "--name=e2e",
+                    f"--data-dir={self.workdir / 'etcd-data'}",
+                    f"--listen-client-urls={url}",
+                    f"--advertise-client-urls={url}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                    f"--initial-cluster=e2e=http://127.0.0.1:{peer}",
+                    "--log-level=warn",
+                    # A test cluster lives minutes: no need to fsync every write on a busy shared disk.
+                    "--unsafe-no-fsync",
+                ],
+                self.workdir / "logs" / f"etcd-{attempt}.log",
+            ).start()
+            try:
+                self.etcd.wait_until(lambda url=url: _http_ok(f"{url}/health"), 30, "healthy")  # type: ignore[misc]
+                return url
+            except ProcessFailed as exc:
+                last = exc
+                self.etcd.stop()
+        raise ProcessFailed(f"etcd did not start in {START_ATTEMPTS} attempts: {last}")
+
+    def _start_apiserver(self, etcd_url: str) -> None:
+        pki = self.pki
+        last: ProcessFailed | None = None
+        for attempt in range(START_ATTEMPTS):
+            port = free_port()
+            self.server_url = f"https://127.0.0.1:{port}"
+            self.apiserver = ManagedProcess(
+                "kube-apiserver",
+                [
+                    str(self.programs.kube_apiserver),
+                    f"--etcd-servers={etcd_url}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    f"--tls-cert-file={pki.serving_cert}",
+                    f"--tls-private-key-file={pki.serving_key}",
+                    f"--client-ca-file={pki.ca_cert}",
+                    "--authorization-mode=AlwaysAllow",
+                    "--service-account-issuer=https://kubernetes.default.svc",
+                    f"--service-account-key-file={pki.service_account_pub}",
+                    f"--service-account-signing-key-file={pki.service_account_key}",
+                    "--service-cluster-ip-range=10.96.0.0/24",
+                    "--disable-admission-plugins=ServiceAccount",
+                    f"--cert-dir={self.workdir / 'apiserver-certs'}",
+                    "--v=1",
+                ],
+                self.workdir / "logs" / f"kube-apiserver-{attempt}.log",
+            ).start()
+            try:
+                self.apiserver.wait_until(lambda: self._https_ok("/readyz"), 90, "ready")
+                return
+            except ProcessFailed as exc:
+                last = exc
+                self.apiserver.stop()
+        raise ProcessFailed(f"kube-apiserver did not start in {START_ATTEMPTS} attempts: {last}")
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = ManagedProcess(
+            "kube-scheduler",
+            [
+                str(self.programs.kube_scheduler),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--v=2",
+            ],
+            self.workdir / "logs" / "kube-scheduler.log",
+        ).start()
+        # The scheduler serves nothing here; give it a moment to fail on a bad flag before going on.
+        self.scheduler.wait_until(lambda: True, 5, "started")
+
+    def _https_ok(self, path: str) -> bool:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        with urllib.request.urlopen(self.server_url + path, context=context, timeout=5) as answer:
+            return bool(answer.status == 200)
+
+    def check_running(self) -> None:
+        for process in (self.etcd, self.apiserver, self.scheduler):
+            if process is not None:
+                process.check_running()
+
+    def stop(self) -> None:
+        for process in (self.scheduler, self.apiserver, self.etcd):
+            if process is not None:
+                process.stop()
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return bool(answer.status == 200)

@@ -1,0 +1,407 @@
+"""One end-to-end environment: simulated clouds, our server, a real control plane, the node agent, the CA.
+
+Start order: the Scaleway and Bizfly simulators (on the wall clock, with short boot and deletion
+times), our server as a ``ca-externalgrpc serve`` child process in front of both, etcd +
+kube-apiserver + kube-scheduler, the node agent (which registers the machines that already run),
+and last the cluster-autoscaler binary pointed at our server. ``stop`` ends them in reverse order.
+Everything a run writes (configs, certificates, logs) stays in its work folder for a post-mortem.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes import client as k8s
+
+from devstack.clouds import bizfly_backend, scaleway_backend
+from devstack.harness import SCW_SECRET, ServerProcess, server_config
+from protos import externalgrpc_pb2 as pb
+from simulators.bizfly import BizflySimulator
+from simulators.common import WallClock
+from simulators.common.request_log import RecordedRequest
+from simulators.scaleway import ScalewaySimulator
+from tests.e2e.autoscaler import Autoscaler, write_cloud_config
+from tests.e2e.control_plane import ControlPlane, ControlPlanePrograms
+from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
+
+T = TypeVar("T")
+
+# Machines boot in seconds, not minutes: scenarios measure the autoscaling path, not cloud boot time.
+SCALEWAY_TIMINGS = {"creating": 2, "starting": 2, "registering": 1, "deleting": 2}
+BIZFLY_TIMINGS = {"provision_seconds": 5, "delete_seconds": 2}
+# The server re-reads each cloud every 2 s (and at most every second when a call asks it to).
+BACKEND_SYNC = {"interval": "2s", "min_interval": "1s"}
+# Cloud routes that change a pool's size (the "cloud call" a scale-up makes).
+RESIZE_ROUTES = {"scaleway": "update_pool", "bizfly": "update_pool"}
+DELETE_ROUTES = {"scaleway": "delete_node", "bizfly": "delete_node"}
+
+
+@dataclass(frozen=True)
+class AutoscalerPrograms:
+    control_plane: ControlPlanePrograms
+    cluster_autoscaler: Path
+
+
+def scaleway_pool(name: str, node_type: str, size: int, min_size: int, max_size: int, **extra: Any) -> dict[str, Any]:
+    """A pool of the Scaleway simulator's scenario format, with ``size`` ready nodes."""
+    return {"name": name, "node_type": node_type, "size": size, "min_size": min_size, "max_size": max_size, **extra}
+
+
+def bizfly_pool(name: str, flavor: str, size: int, min_size: int, max_size: int, **extra: Any) -> dict[str, Any]:
+    """A worker pool of the Bizfly simulator's scenario format, autoscaled, with ``size`` running nodes."""
+    return {
+        "name": name,
+        "flavor": flavor,
+        "desired_size": size,
+        "min_size": min_size,
+        "max_size": max_size,
+        "enable_autoscaling": True,
+        **extra,
+    }
+
+
+@dataclass
+class Layout:
+    """The pools each simulated cloud starts with (scenario dicts in each simulator's own format)."""
+
+    scaleway_pools: list[dict[str, Any]] = field(default_factory=list)
+    bizfly_pools: list[dict[str, Any]] = field(default_factory=list)
+
+    def scaleway_scenario(self) -> dict[str, Any]:
+        return {"timings": SCALEWAY_TIMINGS, "clusters": [{"name": "e2e", "pools": self.scaleway_pools}]}
+
+    def bizfly_scenario(self) -> dict[str, Any]:
+        return {"timings": BIZFLY_TIMINGS, "clusters": [{"name": "e2e", "pools": self.bizfly_pools}]}
+
+
+class OurServer:
+    """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), with the reads the
+    scenarios check and a restart that keeps the address the CA's cloud-config names."""
+
+    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
+        self.log_path = workdir / "logs" / "server.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = ServerProcess({**config, "log": {"format": "json"}}, workdir=workdir, log_path=self.log_path)
+
+    @property
+    def address(self) -> str:
+        return self.process.address
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing drained."""
+        self.process.stop(signal.SIGKILL)
+
+    def start_again(self) -> None:
+        self.process.respawn(same_addresses=True)
+
+    def check_running(self) -> None:
+        if self.process.process.poll() is not None:
+            raise AssertionError(f"our server exited; last lines of {self.log_path}:\n{self.process.log_tail()}")
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def rpc_log(self, method: str) -> list[dict[str, Any]]:
+        """The server's JSON log records of the mutating RPC ``method`` (reads are not logged one by one)."""
+        records = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("grpc_method") == method:
+                    records.append(record)
+        return records
+
+    def group_ids(self) -> list[str]:
+        return [g.id for g in self.process.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups]
+
+    def target(self, group_id: str) -> int:
+        request = pb.NodeGroupTargetSizeRequest(id=group_id)
+        return int(self.process.stub.NodeGroupTargetSize(request, timeout=5).targetSize)
+
+    def instances(self, group_id: str) -> list[pb.Instance]:
+        return list(self.process.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group_id), timeout=5).instances)
+
+
+@dataclass
+class ScenarioTiming:
+    """Wall-clock seconds from what starts a scenario's work to the cloud call it causes and to its end.
+
+    Scale-ups start at a pending pod, call the cloud to resize a pool and end with the pod running;
+    scale-downs start when the nodes are empty, call the cloud to delete machines and end with the
+    last Node gone.
+    """
+
+    scenario: str
+    to_cloud_call: float | None = None
+    to_done: float | None = None
+    start: str = "pending pod"
+    done: str = "pod running"
+
+    def line(self) -> str:
+        def show(value: float | None) -> str:
+            return f"{value:6.1f}s" if value is not None else "     - "
+
+        return (
+            f"{self.scenario:56} {self.start}->cloud call {show(self.to_cloud_call)}"
+            f"   ->{self.done} {show(self.to_done)}"
+        )
+
+
+class E2EEnvironment:
+    def __init__(
+        self,
+        programs: AutoscalerPrograms,
+        workdir: Path,
+        layout: Layout,
+        ca_flags: Mapping[str, str] | None = None,
+        prepare: Callable[[E2EEnvironment], None] | None = None,
+    ) -> None:
+        self.prepare = prepare
+        self.programs = programs
+        self.workdir = workdir
+        self.layout = layout
+        self.ca_flags = dict(ca_flags or {})
+        self.clock = WallClock()
+        self.scaleway: ScalewaySimulator | None = None
+        self.bizfly: BizflySimulator | None = None
+        self.server: OurServer | None = None
+        self.control_plane: ControlPlane | None = None
+        self.agent: NodeAgent | None = None
+        self.autoscaler: Autoscaler | None = None
+        self.api: k8s.ApiClient | None = None
+
+    # ------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> E2EEnvironment:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.scaleway = ScalewaySimulator(
+            scenario=self.layout.scaleway_scenario(), clock=self.clock, secret_key=SCW_SECRET
+        ).start()
+        self.bizfly = BizflySimulator(scenario=self.layout.bizfly_scenario(), clock=self.clock).start()
+        backends = [
+            scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
+            bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
+        ]
+        self.server = OurServer(server_config(backends), self.workdir)
+        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+        self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
+        self.agent = NodeAgent(self.api, [scaleway_source(self.scaleway.url), bizfly_source(self.bizfly.url)]).start()
+        self.wait_for(self._machines_registered, 30, "the running machines registered as Ready nodes")
+        if self.prepare is not None:
+            self.prepare(self)  # e.g. pods pinned to nodes, in place before the CA's first loop
+        cloud_config = write_cloud_config(self.workdir / "cloud-config.yaml", self.server.address)
+        self.autoscaler = Autoscaler(
+            self.programs.cluster_autoscaler,
+            self.control_plane.kubeconfig,
+            cloud_config,
+            self.workdir,
+            self.ca_flags,
+        ).start()
+
+    def stop(self) -> None:
+        for part in (self.autoscaler, self.agent, self.control_plane, self.server, self.scaleway, self.bizfly):
+            if part is not None:
+                part.stop()
+
+    # ------------------------------------------------------------------------------------- accessors
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.api)
+
+    @property
+    def ca(self) -> Autoscaler:
+        assert self.autoscaler is not None
+        return self.autoscaler
+
+    @property
+    def ours(self) -> OurServer:
+        assert self.server is not None
+        return self.server
+
+    @property
+    def scw(self) -> ScalewaySimulator:
+        assert self.scaleway is not None
+        return self.scaleway
+
+    @property
+    def bz(self) -> BizflySimulator:
+        assert self.bizfly is not None
+        return self.bizfly
+
+    def check_running(self) -> None:
+        """Every child still alive and the agent still playing kubelet; raises with the culprit's log."""
+        assert self.control_plane is not None and self.agent is not None
+        self.control_plane.check_running()
+        self.ca.check_running()
+        assert self.server is not None
+        self.server.check_running()
+        if not self.agent.alive():
+            raise AssertionError("the node agent thread has stopped")
+
+    # ------------------------------------------------------------------------------------- clouds
+    def scaleway_pool(self, name: str) -> dict[str, Any]:
+        for pool in self.scw.state.snapshot()["pools"]:
+            if pool["name"] == name:
+                return dict(pool)
+        raise KeyError(f"no Scaleway pool named {name!r}")
+
+    def scaleway_nodes(self, pool_name: str) -> list[dict[str, Any]]:
+        pool_id = self.scaleway_pool(pool_name)["id"]
+        return [n for n in self.scw.state.snapshot()["nodes"] if n["pool_id"] == pool_id]
+
+    def bizfly_pool(self, name: str) -> dict[str, Any]:
+        for pool in self.bz.snapshot()["clusters"][0]["worker_pools"]:
+            if pool["name"] == name:
+                return dict(pool)
+        raise KeyError(f"no Bizfly pool named {name!r}")
+
+    def bizfly_nodes(self, pool_name: str) -> list[dict[str, Any]]:
+        return list(self.bizfly_pool(pool_name)["nodes"])
+
+    def group_id(self, cloud: str, pool_name: str) -> str:
+        """The node group id our server gives this pool (checked against its NodeGroups answer)."""
+        pool = self.scaleway_pool(pool_name) if cloud == "scaleway" else self.bizfly_pool(pool_name)
+        group = str(pool["id"])
+        groups = self.ours.group_ids()
+        assert group in groups, f"our server does not serve pool {pool_name!r} ({group}) as a node group: {groups}"
+        return group
+
+    def cloud_requests(self, cloud: str, route: str, since: float = 0.0) -> list[RecordedRequest]:
+        sim = self.scw if cloud == "scaleway" else self.bz
+        return [r for r in sim.requests.filter(route=route) if r.at >= since and r.method != "GET"]
+
+    # ------------------------------------------------------------------------------------- kubernetes
+    def create_pod(
+        self,
+        name: str,
+        *,
+        cpu: str = "100m",
+        memory: str = "64Mi",
+        node_selector: Mapping[str, str] | None = None,
+        node_name: str | None = None,
+        tolerations: Sequence[Mapping[str, str]] = (),
+    ) -> float:
+        """Create a bare pod in ``default``; returns the wall-clock time it was created."""
+        spec: dict[str, Any] = {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        }
+        if node_selector:
+            spec["nodeSelector"] = dict(node_selector)
+        if node_name:
+            spec["nodeName"] = node_name
+        if tolerations:
+            spec["tolerations"] = [dict(t) for t in tolerations]
+        created = time.time()
+        self.core.create_namespaced_pod(
+            "default", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+        )
+        return created
+
+    def delete_pod_at(self, name: str) -> float:
+        """Delete a pod at once; returns the wall-clock time of the deletion."""
+        at = time.time()
+        self.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+        return at
+
+    def pod(self, name: str) -> Any:
+        return self.core.read_namespaced_pod(name, "default")
+
+    def wait_pod_running(self, name: str, timeout: float) -> Any:
+        def running() -> Any:
+            pod = self.pod(name)
+            return pod if pod.status.phase == "Running" else None
+
+        return self.wait_for(running, timeout, f"pod {name} Running")
+
+    def nodes(self) -> dict[str, Any]:
+        return {node.metadata.name: node for node in self.core.list_node().items}
+
+    def node_by_provider_id(self) -> dict[str, Any]:
+        return {node.spec.provider_id: node for node in self.core.list_node().items}
+
+    def events(self, reason: str) -> list[Any]:
+        return [e for e in self.core.list_event_for_all_namespaces().items if e.reason == reason]
+
+    def _machines_registered(self) -> bool:
+        expected = sum(1 for m in _machines(self) if m)
+        ready = [n for n in self.nodes().values() if _node_ready(n)]
+        return len(ready) == expected
+
+    # ------------------------------------------------------------------------------------- waiting
+    def wait_for(self, probe: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+        """Poll ``probe`` until it returns something truthy; fail naming ``what`` and the work folder."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = probe()
+            if result:
+                return result
+            if self.autoscaler is not None:
+                self.check_running()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (logs in {self.workdir})")
+            time.sleep(interval)
+
+
+# What the ``start_environment`` fixture gives a scenario: ``start(layout, ca_flags=None, prepare=None)``.
+StartEnvironment = Callable[..., E2EEnvironment]
+
+
+def _machines(env: E2EEnvironment) -> Iterator[bool]:
+    """One entry per machine that should be a Ready node at start: running Scaleway and Bizfly nodes."""
+    for node in env.scw.state.snapshot()["nodes"]:
+        yield node["status"] == "ready"
+    for pool in env.bz.snapshot()["clusters"][0]["worker_pools"]:
+        for node in pool["nodes"]:
+            yield node["phase"] == "running"
+
+
+def _node_ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
+
+
+def measure(env: E2EEnvironment, scenario: str, pod: str, created: float, cloud: str) -> ScenarioTiming:
+    """The timing of one pending pod: to the first pool resize the cloud received, to the pod running."""
+    calls = env.cloud_requests(cloud, RESIZE_ROUTES[cloud], since=created)
+    assert env.agent is not None
+    running = env.agent.record.pods_running.get(f"default/{pod}")
+    return ScenarioTiming(
+        scenario,
+        to_cloud_call=calls[0].at - created if calls else None,
+        to_done=running - created if running is not None else None,
+    )
+
+
+def measure_removal(env: E2EEnvironment, scenario: str, names: set[str], emptied: float) -> ScenarioTiming:
+    """The timing of a scale-down: from the nodes being empty to the first machine deletion any cloud
+    received, and to the last of their Nodes gone."""
+    calls = [r.at for cloud in DELETE_ROUTES for r in env.cloud_requests(cloud, DELETE_ROUTES[cloud], since=emptied)]
+    assert env.agent is not None
+    gone = [env.agent.record.nodes_deleted[name] for name in names if name in env.agent.record.nodes_deleted]
+    return ScenarioTiming(
+        scenario,
+        to_cloud_call=min(calls) - emptied if calls else None,
+        to_done=max(gone) - emptied if len(gone) == len(names) else None,
+        start="empty nodes",
+        done="nodes gone",
+    )

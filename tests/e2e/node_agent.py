@@ -1,0 +1,374 @@
+"""The node agent: plays, for every simulated machine, the parts of a cluster the autoscaler relies on.
+
+A real cluster has a kubelet on each machine (it registers the Node, reports capacity and readiness,
+runs the pods bound to it), a node-lifecycle controller (it lifts the ``not-ready`` taint once a node
+is Ready) and a cloud controller / pod garbage collector (they remove the Node and its pods once the
+machine is gone). Here one thread does all of that from the simulators' state:
+
+- a machine that has joined the cluster gets a Node with ``spec.providerID`` as the cloud reports it,
+  the labels and taints its pool gives its nodes, and capacity/allocatable of its machine type;
+- the Node turns Ready when the machine runs, and then loses the ``not-ready`` taint the API server
+  put on it at registration;
+- a Node whose machine has disappeared is deleted, with the pods bound to it;
+- a pod bound to one of its Nodes is reported Running; a pod being deleted there is confirmed gone.
+
+The machines are read from each simulator's control route ``GET /_sim/state``, which faults and rate
+limits never touch: a cloud API outage injected by a scenario does not blind the "kubelets".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger(__name__)
+
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+KUBELET_VERSION = "v1.36.2"
+MAX_PODS = 110
+# Scaleway node statuses in which the kubelet has registered the Node (it is still there while draining).
+SCALEWAY_REGISTERED = frozenset({"not_ready", "ready", "rebooting", "upgrading", "locked", "deleting"})
+SCALEWAY_RUNNING = frozenset({"ready", "upgrading", "locked"})
+BIZFLY_REGION = "HN"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a kubelet on one machine would register."""
+
+    cloud: str
+    name: str
+    provider_id: str
+    pool: str
+    running: bool
+    labels: dict[str, str]
+    taints: list[dict[str, str]]
+    capacity: dict[str, str]
+    allocatable: dict[str, str]
+
+
+def fetch_state(base_url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{base_url}/_sim/state", timeout=10) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def scaleway_taints(taints: dict[str, str]) -> list[dict[str, str]]:
+    """Kapsule's map form ``key -> "value:Effect"`` (or ``"Effect"``) as Node taints."""
+    out = []
+    for key, spec in sorted(taints.items()):
+        value, _, effect = spec.rpartition(":")
+        taint = {"key": key, "effect": effect}
+        if value:
+            taint["value"] = value
+        out.append(taint)
+    return out
+
+
+def scaleway_machines(state: dict[str, Any]) -> list[Machine]:
+    pools = {pool["id"]: pool for pool in state.get("pools", [])}
+    machines = []
+    for node in state.get("nodes", []):
+        pool = pools.get(node["pool_id"])
+        if pool is None or node["status"] not in SCALEWAY_REGISTERED or not node.get("provider_id"):
+            continue
+        labels = {**pool["labels"], "kubernetes.io/hostname": node["name"]}
+        machines.append(
+            Machine(
+                cloud="scaleway",
+                name=node["name"],
+                provider_id=node["provider_id"],
+                pool=pool["name"],
+                running=node["status"] in SCALEWAY_RUNNING,
+                labels=labels,
+                taints=scaleway_taints(pool.get("taints") or {}),
+                capacity={k: str(v) for k, v in pool["capacity"].items()},
+                allocatable={k: str(v) for k, v in pool["allocatable"].items()},
+            )
+        )
+    return machines
+
+
+def bizfly_resources(pool: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """Capacity from the flavor; allocatable after a kubelet's usual reservations (CPU, memory, eviction)."""
+    detail = pool.get("flavor_detail") or {}
+    cpus = int(detail.get("vcpus", 1))
+    memory_mib = int(detail.get("ram", 1024))
+    disk_gib = int(pool.get("volume_size") or 40)
+    capacity = {
+        "cpu": str(cpus),
+        "memory": f"{memory_mib}Mi",
+        "ephemeral-storage": f"{disk_gib}Gi",
+        "pods": str(MAX_PODS),
+    }
+    allocatable = {
+        "cpu": f"{cpus * 1000 - 100}m",
+        "memory": f"{int(memory_mib * 0.9) - 100}Mi",
+        "ephemeral-storage": f"{int(disk_gib * 0.9)}Gi",
+        "pods": str(MAX_PODS),
+    }
+    return capacity, allocatable
+
+
+def bizfly_machines(state: dict[str, Any]) -> list[Machine]:
+    machines = []
+    for cluster in state.get("clusters", []):
+        for pool in cluster.get("worker_pools", []):
+            capacity, allocatable = bizfly_resources(pool)
+            for node in pool.get("nodes", []):
+                identity = node.get("k8s") or {}
+                # A Bizfly machine joins the cluster once provisioned; a failed one never does.
+                if node["phase"] not in ("running", "deleting") or not identity.get("provider_id"):
+                    continue
+                labels = {
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "node.kubernetes.io/instance-type": str(pool["flavor"]),
+                    "topology.kubernetes.io/region": BIZFLY_REGION,
+                    "topology.kubernetes.io/zone": str(pool.get("availability_zone") or ""),
+                    **identity.get("labels", {}),
+                    "kubernetes.io/hostname": identity["name"],
+                }
+                machines.append(
+                    Machine(
+                        cloud="bizfly",
+                        name=identity["name"],
+                        provider_id=identity["provider_id"],
+                        pool=pool["name"],
+                        running=node["phase"] == "running",
+                        labels={k: v for k, v in labels.items() if v != ""},
+                        taints=[dict(t) for t in pool.get("taints", [])],
+                        capacity=capacity,
+                        allocatable=allocatable,
+                    )
+                )
+    return machines
+
+
+@dataclass
+class CloudSource:
+    """Where the agent reads one cloud's machines: the simulator's base URL and its state reader."""
+
+    name: str
+    url: str
+    machines_of: Callable[[dict[str, Any]], list[Machine]]
+
+    def machines(self) -> list[Machine]:
+        return self.machines_of(fetch_state(self.url))
+
+
+def scaleway_source(url: str) -> CloudSource:
+    return CloudSource("scaleway", url, scaleway_machines)
+
+
+def bizfly_source(url: str) -> CloudSource:
+    return CloudSource("bizfly", url, bizfly_machines)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class AgentRecord:
+    """What the agent did and when (wall-clock seconds), for scenario timings and assertions."""
+
+    nodes_created: dict[str, float] = field(default_factory=dict)
+    nodes_ready: dict[str, float] = field(default_factory=dict)
+    nodes_deleted: dict[str, float] = field(default_factory=dict)
+    pods_running: dict[str, float] = field(default_factory=dict)  # "namespace/name" -> when set Running
+    errors: list[str] = field(default_factory=list)
+
+
+class NodeAgent:
+    """Reconciles Nodes and pod phases with the simulated machines, every ``interval`` seconds."""
+
+    def __init__(self, api: k8s.ApiClient, sources: Sequence[CloudSource], interval: float = 0.5) -> None:
+        self.core = k8s.CoreV1Api(api)
+        self.sources = list(sources)
+        self.interval = interval
+        self.record = AgentRecord()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="node-agent", daemon=True)
+        self._lock = threading.Lock()
+        self.passes = 0
+
+    def start(self) -> NodeAgent:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except Exception as exc:  # keep playing kubelet; the error is kept for the scenario's report
+                message = f"{type(exc).__name__}: {exc}"
+                log.warning("node agent pass failed: %s", message)
+                with self._lock:
+                    self.record.errors.append(message)
+            self._stop.wait(self.interval)
+
+    # ------------------------------------------------------------------------------------------ one pass
+    def reconcile(self) -> None:
+        machines: dict[str, Machine] = {}
+        for source in self.sources:
+            for machine in source.machines():
+                machines[machine.name] = machine
+        nodes = {node.metadata.name: node for node in self.core.list_node().items}
+        for name, machine in machines.items():
+            node = nodes.get(name)
+            if node is None:
+                self._register(machine)
+            else:
+                self._update(machine, node)
+        for name in nodes:
+            if name not in machines:
+                self._remove(name)
+        self._run_pods(set(machines))
+        self.passes += 1
+
+    def _register(self, machine: Machine) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": machine.name, "labels": machine.labels},
+            "spec": {"providerID": machine.provider_id, "taints": machine.taints},
+        }
+        try:
+            self.core.create_node(body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        self.record.nodes_created.setdefault(machine.name, time.time())
+        self._report_status(machine)
+
+    def _report_status(self, machine: Machine) -> None:
+        now = _now()
+        ready = {
+            "type": "Ready",
+            "status": "True" if machine.running else "False",
+            "reason": "KubeletReady" if machine.running else "KubeletNotReady",
+            "message": "kubelet is posting ready status" if machine.running else "machine is starting",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        status = {
+            "capacity": machine.capacity,
+            "allocatable": machine.allocatable,
+            "conditions": [ready],
+            "addresses": [{"type": "Hostname", "address": machine.name}],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": KUBELET_VERSION,
+                "containerRuntimeVersion": "containerd://2.1.0",
+                "kernelVersion": "6.1.0",
+                "osImage": "e2e node agent",
+                "machineID": machine.name,
+                "systemUUID": machine.name,
+                "bootID": machine.name,
+            },
+        }
+        self.core.patch_node_status(machine.name, {"status": status})
+
+    def _update(self, machine: Machine, node: Any) -> None:
+        ready = _is_ready(node)
+        if ready != machine.running:
+            self._report_status(machine)
+            ready = machine.running
+        if ready:
+            self.record.nodes_ready.setdefault(machine.name, time.time())
+            taints = node.spec.taints or []
+            if any(t.key == NOT_READY_TAINT for t in taints):
+                # The node-lifecycle controller's part: lift the taint registration added, keep every
+                # other taint (the autoscaler's own among them); the resourceVersion refuses a stale write.
+                kept = [
+                    {"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key != NOT_READY_TAINT
+                ]
+                patch = {
+                    "metadata": {"resourceVersion": node.metadata.resource_version},
+                    "spec": {"taints": [{k: v for k, v in t.items() if v is not None} for t in kept] or None},
+                }
+                try:
+                    self.core.patch_node(machine.name, patch)
+                except ApiException as exc:
+                    if exc.status != 409:
+                        raise
+
+    def _remove(self, name: str) -> None:
+        try:
+            self.core.delete_node(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.record.nodes_deleted.setdefault(name, time.time())
+
+    def _run_pods(self, node_names: set[str]) -> None:
+        pods = self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
+        for pod in pods:
+            key = f"{pod.metadata.namespace}/{pod.metadata.name}"
+            on_machine = pod.spec.node_name in node_names
+            if pod.metadata.deletion_timestamp is not None or not on_machine:
+                # The kubelet confirms a pod's termination; the pod GC removes pods of vanished nodes.
+                try:
+                    self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                continue
+            if pod.status.phase == "Pending":
+                self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, _running(pod))
+                self.record.pods_running.setdefault(key, time.time())
+
+
+def _is_ready(node: Any) -> bool:
+    for condition in (node.status.conditions or []) if node.status else []:
+        if condition.type == "Ready":
+            return bool(condition.status == "True")
+    return False
+
+
+def _running(pod: Any) -> dict[str, Any]:
+    now = _now()
+    conditions = [
+        {"type": kind, "status": "True", "lastTransitionTime": now}
+        for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+    ]
+    containers = [
+        {
+            "name": container.name,
+            "image": container.image,
+            "imageID": container.image,
+            "ready": True,
+            "started": True,
+            "restartCount": 0,
+            "state": {"running": {"startedAt": now}},
+        }
+        for container in pod.spec.containers
+    ]
+    return {
+        "status": {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": conditions,
+            "containerStatuses": containers,
+            "hostIP": "10.0.0.1",
+            "podIP": "10.244.0.1",
+        }
+    }

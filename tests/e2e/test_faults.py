@@ -1,0 +1,163 @@
+"""The real CA 1.36.1 through our server when things go wrong: a failed creation, our server restarted
+in the middle of a scale-up, one cloud's API down for many loops."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from simulators.common import Fault
+from tests.e2e.environment import E2EEnvironment, Layout, StartEnvironment, bizfly_pool, measure, scaleway_pool
+from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, machines, pool_size
+from tests.e2e.report import record_timing
+
+# Each scenario starts its own cluster (about 15 s) and waits for real loops: more than the default 120 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+# Two empty pools can host the pod (1.5 CPU, 5 GiB); "tight" wastes less, so the least-waste expander
+# tries it first. Its next scale-up is set to fail; the CA must back it off and scale "roomy".
+FAILING = {
+    "scaleway": Layout(
+        scaleway_pools=[
+            scaleway_pool("general", "DEV1-M", 1, 1, 3),
+            scaleway_pool("tight", "POP2-2C-8G", 0, 0, 3),
+            scaleway_pool("roomy", "PRO2-XS", 0, 0, 3),
+        ],
+        bizfly_pools=[bizfly_pool("general", "nix.2c_4g", 1, 1, 3)],
+    ),
+    "bizfly": Layout(
+        scaleway_pools=[scaleway_pool("general", "DEV1-M", 1, 1, 3)],
+        bizfly_pools=[
+            bizfly_pool("general", "nix.2c_4g", 1, 1, 3),
+            bizfly_pool("tight", "nix.2c_8g", 0, 0, 3),
+            bizfly_pool("roomy", "nix.4c_16g", 0, 0, 3),
+        ],
+    ),
+}
+FAILURES = [
+    ("scaleway", "quota"),  # the resize is refused: 403 quotas_exceeded
+    ("scaleway", "out_of_stock"),  # the resize is refused: 503 out_of_stock
+    ("scaleway", "creation_error"),  # the resize is accepted, the new machine ends in creation_error
+    ("bizfly", "creation_error"),  # the resize is accepted, the new machine ends in ERROR
+]
+
+
+@pytest.mark.parametrize(("cloud", "mode"), FAILURES, ids=[f"{c}-{m}" for c, m in FAILURES])
+def test_failed_creation_backs_the_group_off_and_scales_another_that_fits(
+    start_environment: StartEnvironment, cloud: str, mode: str
+) -> None:
+    def arm(env: E2EEnvironment) -> None:
+        if cloud == "scaleway":
+            env.scw.fail_next_scale_up(env.scaleway_pool("tight")["id"], mode=mode)
+        else:
+            env.bz.fail_next_scale_up(env.bizfly_pool("tight")["id"], count=1)
+
+    env = start_environment(FAILING[cloud], prepare=arm)
+    tight, roomy = env.group_id(cloud, "tight"), env.group_id(cloud, "roomy")
+
+    created = env.create_pod("app", cpu="1500m", memory="5Gi")
+    pod = env.wait_pod_running("app", 180)
+    record_timing(measure(env, f"failed creation ({cloud} {mode}) -> other group", "app", created, cloud))
+
+    # The CA tried "tight" first, backed it off, then scaled "roomy", where the pod runs.
+    attempts = env.cloud_requests(cloud, "update_pool", since=created)
+    pools = {
+        env.scaleway_pool(n)["id"] if cloud == "scaleway" else env.bizfly_pool(n)["id"]: n for n in ("tight", "roomy")
+    }
+    tried = [pools[r.path.rsplit("/", 1)[-1]] for r in attempts if r.path.rsplit("/", 1)[-1] in pools]
+    assert tried[0] == "tight" and "roomy" in tried, tried
+    assert env.ca.log.matching(rf"Disabling scale-up for node group {tight} until", since=created)
+    assert not env.ca.log.matching(rf"Disabling scale-up for node group {roomy}")
+    (new,) = machines(env, cloud, "roomy")
+    assert pod.spec.node_name == new["name"]
+    assert pool_size(env, cloud, "roomy") == 1
+    if mode == "creation_error":
+        # The failed machine is reported as a creation error and the CA has it deleted: the pool ends empty.
+        assert env.events("ScaleUpFailed")
+        env.wait_for(lambda: machines(env, cloud, "tight") == [], 60, "the failed machine of 'tight' deleted")
+        assert env.ours.rpc_log("NodeGroupDeleteNodes")
+    else:
+        assert env.events("FailedToScaleUpGroup")
+        assert [r.status for r in attempts if pools.get(r.path.rsplit("/", 1)[-1]) == "tight"][0] >= 400
+    assert pool_size(env, cloud, "tight") == 0
+    assert env.ours.target(tight) == 0
+
+
+def test_server_restarted_during_a_scale_up_makes_no_duplicate_and_the_ca_recovers(
+    start_environment: StartEnvironment,
+) -> None:
+    cloud = "scaleway"
+
+    def fill(env: E2EEnvironment) -> None:
+        (only,) = machines(env, cloud, "general")
+        env.create_pod("filler", cpu=FILLER_CPU[cloud], node_name=only["name"])
+        env.wait_pod_running("filler", 30)
+
+    env = start_environment(SCALE_UP, prepare=fill)
+    group = env.group_id(cloud, "general")
+    created = env.create_pod("app", cpu=APP_CPU[cloud], node_selector={POOL_LABEL[cloud]: "general"})
+    # Kill our server (no drain) as soon as it has accepted the scale-up, while the machine is still booting.
+    env.wait_for(lambda: env.ours.rpc_log("NodeGroupIncreaseSize"), 60, "the CA's IncreaseSize")
+    env.ours.kill()
+    killed = time.time()
+    assert machines(env, cloud, "general")[-1]["id"]  # the new machine exists, still booting
+    time.sleep(4)  # two CA loops against a dead address
+    env.ours.start_again()
+    restarted = time.time()
+
+    pod = env.wait_pod_running("app", 120)
+    record_timing(measure(env, "server restarted during scale-up (scaleway)", "app", created, cloud))
+    assert len(env.cloud_requests(cloud, "update_pool")) == 1, "a second resize: duplicate machine requested"
+    assert pool_size(env, cloud, "general") == 2
+    assert len(machines(env, cloud, "general")) == 2
+    assert pod.spec.node_name in {m["name"] for m in machines(env, cloud, "general")}
+    assert env.ours.target(group) == 2
+    # The CA saw the outage (failed calls), then loops succeeded again with no further provider error.
+    assert env.ca.log.provider_errors(since=killed)
+    env.ca.wait_for_loops(3, since=restarted + 3, timeout=30)
+    assert not env.ca.log.provider_errors(since=restarted + 3), env.ca.log.provider_errors(since=restarted + 3)
+    assert env.ca.last_successful_loop() > restarted
+    env.check_running()
+
+
+def test_one_cloud_down_for_many_loops_the_other_keeps_autoscaling(start_environment: StartEnvironment) -> None:
+    def fill(env: E2EEnvironment) -> None:
+        (only,) = machines(env, "scaleway", "general")
+        env.create_pod("filler", cpu=FILLER_CPU["scaleway"], node_name=only["name"])
+        env.wait_pod_running("filler", 30)
+
+    env = start_environment(SCALE_UP, prepare=fill)
+    # Every Bizfly API route (token included) answers 503 until cleared.
+    env.bz.faults.add(Fault(route="*", status=503, message="service unavailable"))
+    down = time.time()
+    created = env.create_pod("app", cpu=APP_CPU["scaleway"], node_selector={POOL_LABEL["scaleway"]: "general"})
+    pod = env.wait_pod_running("app", 120)
+    record_timing(measure(env, "scale-up while the other cloud is down (scaleway)", "app", created, "scaleway"))
+    assert pod.spec.node_name in {m["name"] for m in machines(env, "scaleway", "general")}
+    assert pool_size(env, "scaleway", "general") == 2
+    # Keep Bizfly down for at least 30 s (15 loops), then check the loops kept completing.
+    time.sleep(max(0.0, down + 30 - time.time()))
+    loops = env.ca.log.loops(since=down)
+    assert len(loops) >= 10, f"only {len(loops)} CA loops in 30 s of Bizfly outage"
+    assert env.ca.last_successful_loop() > time.time() - 10, "CA loops stopped completing during the outage"
+    assert env.bz.requests.filter(), "our server never tried Bizfly during the outage"
+
+    env.bz.faults.clear()
+    up = time.time()
+    # Our server's circuit breaker keeps Bizfly calls suspended for a while after repeated failures; a
+    # scale-up asked in that window fails, and the CA then backs the group off for 5 minutes. Wait for
+    # the breaker's probe to reach Bizfly and succeed, as an operator waits for the provider to recover.
+    env.wait_for(
+        lambda: any(r.status == 200 for r in env.bz.requests.all() if r.at >= up), 60, "our server reading Bizfly again"
+    )
+    print(f"our server reached Bizfly again {time.time() - up:.1f}s after its API came back")
+    (bz_only,) = machines(env, "bizfly", "general")
+    env.create_pod("bz-filler", cpu=FILLER_CPU["bizfly"], node_name=bz_only["name"])
+    created = env.create_pod("bz-app", cpu=APP_CPU["bizfly"], node_selector={POOL_LABEL["bizfly"]: "general"})
+    env.wait_pod_running("bz-app", 120)
+    record_timing(measure(env, "scale-up after the cloud came back (bizfly)", "bz-app", created, "bizfly"))
+    assert pool_size(env, "bizfly", "general") == 2
+    env.ca.wait_for_loops(3, since=time.time(), timeout=30)
+    late = env.ca.log.provider_errors(since=up + 10)
+    assert not late, late
