@@ -1,22 +1,24 @@
 """Start the servers under test as child processes (through ``devstack.harness``) and time their start.
 
-Both run as real processes (not threads of the runner) so that peak RSS comes from the kernel's own
+All run as real processes (not threads of the runner) so that peak RSS comes from the kernel's own
 high-water mark (``VmHWM`` in ``/proc/PID/status``) and start-up time covers the whole process start:
 interpreter or Go runtime, imports, first cloud sync, listening socket.
 
-Start-up is timed differently, because the upstream example (and its Go stand-in) has no health service:
+Start-up is timed differently, because the upstream example has no health service:
 - ours: from ``Popen`` to the first ``grpc.health.v1`` ``Check("")`` answering SERVING; we also time the
   first ``NodeGroups`` answering every group, which is the comparable moment;
-- upstream and goref: from ``Popen`` to the first successful ``NodeGroups`` with every group (both run
-  the first cloud refresh before they listen, so that is when they can serve).
+- upstream: from ``Popen`` to the first successful ``NodeGroups`` with every group (it runs the first
+  cloud refresh before it listens, so that is when it can serve).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,10 +30,14 @@ from protos import externalgrpc_pb2_grpc as pb_grpc
 from tests.bench.cluster import BENCH_REGION, BENCH_SECRET_KEY, BenchCluster
 
 REPO = Path(__file__).resolve().parents[2]
+# Our server as benchmarked: the name in the results -> top-level config keys added to its config.
+OURS_VARIANTS: dict[str, dict[str, Any]] = {
+    "ours": {},
+}
 OURS_COMMAND = REPO / ".venv" / "bin" / "ca-externalgrpc"
 START_TIMEOUT = 120.0  # a cold Python start plus a 5,000-node first sync stays far below this
 POLL_INTERVAL = 0.005
-# Upstream variables that would silently override our config file (CONTRIBUTING-CONTRACTS.md).
+# The upstream example is configured by these variables (ours by its config file only).
 SCALEWAY_ENV = ("CLUSTER_ID", "SCW_SECRET_KEY", "SCW_REGION", "SCW_API_URL")
 
 
@@ -55,18 +61,26 @@ class BenchedServer:
         self.process.stop()
 
 
-def start_ours(cluster: BenchCluster, workdir: Path, log_level: str = "info") -> BenchedServer:
-    """``ca-externalgrpc serve`` (the installed console script) on loopback port 0."""
-    config = server_config(
-        [scaleway_backend(cluster.simulator, "scw-bench")], log={"format": "json", "level": log_level}
-    )
+def start_ours(
+    cluster: BenchCluster,
+    workdir: Path,
+    log_level: str = "info",
+    name: str = "ours",
+    settings: Mapping[str, Any] | None = None,
+) -> BenchedServer:
+    """``ca-externalgrpc serve`` (the installed console script) on loopback port 0.
+
+    ``settings`` are top-level config keys added to the config file (the serving variants of the spike).
+    """
+    log = {"format": "json", "level": log_level}
+    config = server_config([scaleway_backend(cluster.simulator, "scw-bench")], log=log, **(settings or {}))
     process = ServerProcess(
         config,
         workdir=workdir,
         log_level=log_level,
         command=[str(OURS_COMMAND)],
-        log_path=workdir / "ours.log",
-        name="ours",
+        log_path=workdir / f"{name}.log",
+        name=name,
         start_timeout=START_TIMEOUT,
     )
     return _ready(process, process.address, expected_groups=cluster.pools, health=True)
@@ -80,27 +94,20 @@ def _scaleway_env(cluster: BenchCluster) -> dict[str, str]:
     return env
 
 
-def _start_go(name: str, argv: list[str], cluster: BenchCluster, workdir: Path) -> BenchedServer:
-    """A Go server told to listen on port 0; the port it got is read from /proc (it cannot report it)."""
+def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
+    """The upstream example server with the in-tree Scaleway provider, configured the upstream way (env).
+
+    It listens on port 0; the port it got is read from /proc (it cannot report it).
+    """
     process = ChildProcess(
-        [*argv, "--address", "127.0.0.1:0"],
+        [str(binary), "--cloud-provider", "scaleway", "--v", "0", "--address", "127.0.0.1:0"],
         env=_scaleway_env(cluster),
         cwd=workdir,
-        log_path=workdir / f"{name}.log",
-        name=name,
+        log_path=workdir / "upstream.log",
+        name="upstream",
     )
     address = process.wait_listening(START_TIMEOUT)
     return _ready(process, address, expected_groups=cluster.pools, health=False)
-
-
-def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
-    """The upstream example server with the in-tree Scaleway provider, configured the upstream way (env)."""
-    return _start_go("upstream", [str(binary), "--cloud-provider", "scaleway", "--v", "0"], cluster, workdir)
-
-
-def start_go_reference(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
-    """The Go stand-in (tests/bench/loadclient/goreference), configured like the upstream (env)."""
-    return _start_go("goref", [str(binary)], cluster, workdir)
 
 
 def _ready(process: ChildProcess, address: str, expected_groups: int, health: bool) -> BenchedServer:
