@@ -41,7 +41,7 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 
 def user_agent_prefix(server: str) -> str:
-    return UPSTREAM_USER_AGENT if server == BASELINE else OURS_USER_AGENT
+    return UPSTREAM_USER_AGENT if server == BASELINE else OURS_USER_AGENT  # the floor servers send none
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,15 @@ from typing import Any
 
 from tests.bench import golang, report
 from tests.bench.cluster import BenchCluster, node_list, start_cluster
-from tests.bench.servers import OURS_VARIANTS, BenchedServer, ServerStartError, start_ours, start_upstream
+from tests.bench.servers import (
+    FLOOR_VARIANTS,
+    OURS_VARIANTS,
+    BenchedServer,
+    ServerStartError,
+    start_floor,
+    start_ours,
+    start_upstream,
+)
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "ca-externalgrpc-bench"
 LOAD_CLIENT_TIMEOUT = 1800.0
@@ -48,7 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=(*OURS_VARIANTS, "upstream"),
+        choices=(*OURS_VARIANTS, *FLOOR_VARIANTS, "upstream"),
         default=["ours", "upstream"],
         help="servers to run: our server with its default settings, its serving variants, the upstream example",
     )
@@ -133,7 +141,8 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
     workdir = out / f"nodes_{nodes}"
     workdir.mkdir(parents=True, exist_ok=True)
     # A fixed order within each round (ours first); the alternation spreads drift over all servers.
-    names = [n for n in (*OURS_VARIANTS, "upstream") if n in args.servers and (n != "upstream" or upstream)]
+    known = (*OURS_VARIANTS, *FLOOR_VARIANTS, "upstream")
+    names = [n for n in known if n in args.servers and (n != "upstream" or upstream)]
     clusters = _start_clusters(names, args, nodes)
     servers: dict[str, BenchedServer] = {}
     profiler: subprocess.Popen[bytes] | None = None
@@ -146,6 +155,8 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
             if name == "upstream":
                 assert upstream is not None
                 servers[name] = start_upstream(clusters[name], upstream, workdir)
+            elif name in FLOOR_VARIANTS:
+                servers[name] = start_floor(clusters[name], workdir, name)
             else:
                 servers[name] = start_ours(clusters[name], workdir, args.log_level, name, OURS_VARIANTS[name])
         if args.profile and "ours" in servers:
@@ -217,6 +228,8 @@ def _notes(wanted: Sequence[str], pin: golang.UpstreamPin | None) -> dict[str, s
         if name == "upstream":
             assert pin is not None
             notes[name] = f"upstream example server: {pin.describe()}"
+        elif name in FLOOR_VARIANTS:
+            notes[name] = "tests/bench/floor_server.py " + " ".join(FLOOR_VARIANTS[name])
         else:
             settings = OURS_VARIANTS[name]
             notes[name] = "ca-externalgrpc serve (this checkout)" + (f", {json.dumps(settings)}" if settings else "")

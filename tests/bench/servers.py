@@ -13,7 +13,9 @@ Start-up is timed differently, because the upstream example has no health servic
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,12 +29,21 @@ from devstack.clouds import scaleway_backend
 from devstack.harness import ChildProcess, ServerProcess, ServerStartError, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
+from tests.bench import floor_server
 from tests.bench.cluster import BENCH_REGION, BENCH_SECRET_KEY, BenchCluster
 
 REPO = Path(__file__).resolve().parents[2]
 # Our server as benchmarked: the name in the results -> top-level config keys added to its config.
 OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours": {},
+}
+# The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
+FLOOR_VARIANTS: dict[str, list[str]] = {
+    "floor-threads": ["--engine", "threads"],
+    "floor-threads-1": ["--engine", "threads", "--workers", "1"],
+    "floor-threads-raw": ["--engine", "threads", "--raw"],
+    "floor-aio": ["--engine", "aio"],
+    "floor-aio-uvloop": ["--engine", "aio-uvloop"],
 }
 OURS_COMMAND = REPO / ".venv" / "bin" / "ca-externalgrpc"
 START_TIMEOUT = 120.0  # a cold Python start plus a 5,000-node first sync stays far below this
@@ -106,6 +117,21 @@ def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> Benche
         log_path=workdir / "upstream.log",
         name="upstream",
     )
+    address = process.wait_listening(START_TIMEOUT)
+    return _ready(process, address, expected_groups=cluster.pools, health=False)
+
+
+def start_floor(cluster: BenchCluster, workdir: Path, name: str) -> BenchedServer:
+    """The do-nothing grpcio server of the spike, answering from the cluster's state as it is now."""
+    state = cluster.simulator.state
+    with state.lock:
+        autoscaled = {pid: pool for pid, pool in state.pools.items() if pool.autoscaling}
+        groups = [{"id": p.id, "min": p.min_size, "max": p.max_size, "size": p.size} for p in autoscaled.values()]
+        nodes = {n.provider_id: n.pool_id for n in state.nodes.values() if n.pool_id in autoscaled}
+    state_file = workdir / f"{name}.state.json"
+    state_file.write_text(json.dumps(floor_server.state_of(groups, nodes)))
+    argv = [sys.executable, "-m", "tests.bench.floor_server", *FLOOR_VARIANTS[name], "--state", str(state_file)]
+    process = ChildProcess([*argv, "--address", "127.0.0.1:0"], cwd=REPO, log_path=workdir / f"{name}.log", name=name)
     address = process.wait_listening(START_TIMEOUT)
     return _ready(process, address, expected_groups=cluster.pools, health=False)
 

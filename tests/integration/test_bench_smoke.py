@@ -1,7 +1,8 @@
 """`make bench` in miniature, so the benchmark cannot rot: a tiny cluster, two loops.
 
 It runs the real pieces end to end (a Scaleway simulator per server, ``ca-externalgrpc serve`` and the
-upstream example server of CA 1.36.1 as child processes, the Go load client over loopback gRPC) and
+upstream example server of CA 1.36.1 and the spike's grpcio floor server as child processes, the Go
+load client over loopback gRPC) and
 checks what the run measured, never how fast it was. ``make build`` compiles both Go programs first.
 """
 
@@ -26,7 +27,8 @@ AUTOSCALED = NODES - UNMANAGED
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("bench")
     argv = ["--nodes", str(NODES), "--pools", str(POOLS), "--loops", str(LOOPS), "--warmup", "1"]
-    status = run.main([*argv, "--servers", "ours", "upstream", "--out", str(out), "--log-level", "warning"])
+    servers = ["--servers", "ours", "upstream", "floor-threads"]
+    status = run.main([*argv, *servers, "--out", str(out), "--log-level", "warning"])
     results = json.loads((out / "bench-results.json").read_text())
     return {"status": status, "results": results, "ours": results[f"nodes_{NODES}"].get("servers", {}).get("ours")}
 
