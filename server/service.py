@@ -230,9 +230,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc()
     def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
-        # Cloud reads happen in the background sync; Refresh only refuses state beyond its bound.
+        # Cloud reads happen on each backend's sync thread; a Refresh may start one (bounded wait)
+        # and refuses state beyond the staleness bound.
+        deadline = self._deadline(context)
         for backend in self.registry.backends:
-            backend.check_fresh_enough()
+            backend.refresh(deadline)
         return pb.RefreshResponse()
 
     # --------------------------------------------------------------- node-group level

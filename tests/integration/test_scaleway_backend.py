@@ -642,3 +642,59 @@ def test_node_price_rounds_hours_up_for_the_pool_named_by_the_label(make_sim, ba
     price = backend.adapter.node_price(backend.group(group_id), node, start, start + dt.timedelta(hours=2, minutes=30))
     assert price == pytest.approx(0.30, abs=0.001)
     assert backend.adapter.group_for_price_node(NodeRef(provider_id="x")) is None
+
+
+# ----------------------------------------------------------------------------------- when syncs happen
+def wait_until(condition: Any, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.02)
+
+
+def started_backend(sim: ScalewaySimulator, backends: list[Backend], follow_refresh: bool) -> Backend:
+    settings = SyncSettings(interval=1.0, min_interval=0.0, follow_refresh=follow_refresh)
+    backend = Backend("scw-test", make_adapter(sim), settings)
+    backends.append(backend)
+    backend.start()  # the first sync, then the sync thread
+    return backend
+
+
+def test_following_refresh_a_due_refresh_brings_one_listing_and_waits_for_it(
+    sim: ScalewaySimulator, backends: list[Backend]
+) -> None:
+    backend = started_backend(sim, backends, follow_refresh=True)
+    backend.refresh(deadline())
+    assert sim.requests.count("list_pools") == 1  # the snapshot is younger than the interval: no listing
+    time.sleep(1.5)  # past the interval, but the thread alone waits four intervals
+    assert sim.requests.count("list_pools") == 1
+    sim.set_autoscaling(P2, False)
+    before = backend.snapshot.version
+    backend.refresh(deadline())
+    assert sim.requests.count("list_pools") == 2
+    assert backend.snapshot.version == before + 1  # Refresh answered from the new listing
+    assert {g.id for g in backend.groups()} == {P1}
+
+
+def test_a_refresh_waits_for_its_listing_only_within_its_deadline(
+    sim: ScalewaySimulator, backends: list[Backend]
+) -> None:
+    backend = started_backend(sim, backends, follow_refresh=True)
+    time.sleep(1.1)
+    sim.inject(Fault(route="list_nodes", delay=2.5, times=1))
+    version = backend.snapshot.version
+    started = time.monotonic()
+    backend.refresh(deadline(2.0))  # leaves one second to answer in: waits about one second
+    assert 0.7 < time.monotonic() - started < 1.8
+    assert backend.snapshot.version == version  # answered from the snapshot it had
+    wait_until(lambda: backend.snapshot.version == version + 1, 5.0)  # the listing went on in the background
+
+
+def test_without_following_refresh_a_timer_syncs_every_interval(
+    sim: ScalewaySimulator, backends: list[Backend]
+) -> None:
+    backend = started_backend(sim, backends, follow_refresh=False)
+    wait_until(lambda: sim.requests.count("list_pools") >= 3, 5.0)
+    listings = sim.requests.count("list_pools")
+    backend.refresh(deadline())  # a Refresh never starts a listing then
+    assert sim.requests.count("list_pools") <= listings + 1  # (at most the timer's own, if it fell due)
