@@ -12,12 +12,16 @@ can make a call cheaper than this. Run it with each engine to compare them side 
 
 TemplateNodeInfo answers UNIMPLEMENTED (the load client counts it as an answer); GetOptions answers
 the empty message our server gives when no group overrides its options.
+
+``native_answers`` serializes the same answers for the native floor (``native_floor/``, Rust/tonic),
+which serves them as bytes: the cost of a native serving core in front of a Python domain.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 from collections.abc import Callable
 from concurrent import futures
@@ -73,6 +77,32 @@ def handlers(state: dict[str, Any]) -> dict[str, tuple[Callable[[Any, Any], Any]
         "NodeGroupTargetSize": (lambda r, c: sizes[r.id], pb.NodeGroupTargetSizeRequest),
         "NodeGroupNodes": (lambda r, c: instances[r.id], pb.NodeGroupNodesRequest),
         "NodeGroupTemplateNodeInfo": (template, pb.NodeGroupTemplateNodeInfoRequest),
+    }
+
+
+def native_answers(state: dict[str, Any]) -> dict[str, Any]:
+    """The answers of ``handlers`` serialized (base64), keyed as the native floor looks them up."""
+
+    def encoded(message: Any) -> str:
+        return base64.b64encode(message.SerializeToString()).decode()
+
+    table = handlers(state)
+    gids = [g["id"] for g in state["groups"]]
+
+    def ask(method: str, request: Any) -> Any:
+        return table[method][0](request, None)
+
+    return {
+        "refresh": encoded(ask("Refresh", pb.RefreshRequest())),
+        "node_groups": encoded(ask("NodeGroups", pb.NodeGroupsRequest())),
+        "options": encoded(ask("NodeGroupGetOptions", pb.NodeGroupAutoscalingOptionsRequest())),
+        "unmanaged": encoded(pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))),
+        "for_node": {
+            p: encoded(ask("NodeGroupForNode", pb.NodeGroupForNodeRequest(node=pb.ExternalGrpcNode(providerID=p))))
+            for p in state["nodes"]
+        },
+        "target_size": {g: encoded(ask("NodeGroupTargetSize", pb.NodeGroupTargetSizeRequest(id=g))) for g in gids},
+        "nodes": {g: encoded(ask("NodeGroupNodes", pb.NodeGroupNodesRequest(id=g))) for g in gids},
     }
 
 

@@ -39,6 +39,7 @@ from tests.bench.servers import (
     BenchedServer,
     ServerStartError,
     start_floor,
+    start_native_floor,
     start_ours,
     start_upstream,
 )
@@ -56,7 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=(*OURS_VARIANTS, *FLOOR_VARIANTS, "upstream"),
+        choices=(*OURS_VARIANTS, *FLOOR_VARIANTS, "native-floor", "upstream"),
         default=["ours", "upstream"],
         help="servers to run: our server with its default settings, its serving variants, the upstream example",
     )
@@ -141,7 +142,7 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
     workdir = out / f"nodes_{nodes}"
     workdir.mkdir(parents=True, exist_ok=True)
     # A fixed order within each round (ours first); the alternation spreads drift over all servers.
-    known = (*OURS_VARIANTS, *FLOOR_VARIANTS, "upstream")
+    known = (*OURS_VARIANTS, *FLOOR_VARIANTS, "native-floor", "upstream")
     names = [n for n in known if n in args.servers and (n != "upstream" or upstream)]
     clusters = _start_clusters(names, args, nodes)
     servers: dict[str, BenchedServer] = {}
@@ -157,6 +158,8 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
                 servers[name] = start_upstream(clusters[name], upstream, workdir)
             elif name in FLOOR_VARIANTS:
                 servers[name] = start_floor(clusters[name], workdir, name)
+            elif name == "native-floor":
+                servers[name] = start_native_floor(clusters[name], workdir)
             else:
                 servers[name] = start_ours(clusters[name], workdir, args.log_level, name, OURS_VARIANTS[name])
         if args.profile and "ours" in servers:
@@ -230,6 +233,8 @@ def _notes(wanted: Sequence[str], pin: golang.UpstreamPin | None) -> dict[str, s
             notes[name] = f"upstream example server: {pin.describe()}"
         elif name in FLOOR_VARIANTS:
             notes[name] = "tests/bench/floor_server.py " + " ".join(FLOOR_VARIANTS[name])
+        elif name == "native-floor":
+            notes[name] = "tests/bench/native_floor (Rust, tonic 0.14) serving answers Python serialized"
         else:
             settings = OURS_VARIANTS[name]
             notes[name] = "ca-externalgrpc serve (this checkout)" + (f", {json.dumps(settings)}" if settings else "")

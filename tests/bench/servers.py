@@ -121,17 +121,42 @@ def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> Benche
     return _ready(process, address, expected_groups=cluster.pools, health=False)
 
 
-def start_floor(cluster: BenchCluster, workdir: Path, name: str) -> BenchedServer:
-    """The do-nothing grpcio server of the spike, answering from the cluster's state as it is now."""
+def _floor_state(cluster: BenchCluster) -> dict[str, Any]:
     state = cluster.simulator.state
     with state.lock:
         autoscaled = {pid: pool for pid, pool in state.pools.items() if pool.autoscaling}
         groups = [{"id": p.id, "min": p.min_size, "max": p.max_size, "size": p.size} for p in autoscaled.values()]
         nodes = {n.provider_id: n.pool_id for n in state.nodes.values() if n.pool_id in autoscaled}
+    return floor_server.state_of(groups, nodes)
+
+
+def start_floor(cluster: BenchCluster, workdir: Path, name: str) -> BenchedServer:
+    """The do-nothing grpcio server of the spike, answering from the cluster's state as it is now."""
     state_file = workdir / f"{name}.state.json"
-    state_file.write_text(json.dumps(floor_server.state_of(groups, nodes)))
+    state_file.write_text(json.dumps(_floor_state(cluster)))
     argv = [sys.executable, "-m", "tests.bench.floor_server", *FLOOR_VARIANTS[name], "--state", str(state_file)]
     process = ChildProcess([*argv, "--address", "127.0.0.1:0"], cwd=REPO, log_path=workdir / f"{name}.log", name=name)
+    address = process.wait_listening(START_TIMEOUT)
+    return _ready(process, address, expected_groups=cluster.pools, health=False)
+
+
+NATIVE_FLOOR = REPO / "tests" / "bench" / "native_floor" / "target" / "release" / "native-floor"
+
+
+def start_native_floor(cluster: BenchCluster, workdir: Path) -> BenchedServer:
+    """The spike's Rust/tonic floor, serving the answers Python serialized from the cluster's state."""
+    if not NATIVE_FLOOR.is_file():
+        raise ServerStartError(
+            f"{NATIVE_FLOOR} is not built: run `cargo build --release` in tests/bench/native_floor (needs Rust)"
+        )
+    answers = workdir / "native-floor.answers.json"
+    answers.write_text(json.dumps(floor_server.native_answers(_floor_state(cluster))))
+    process = ChildProcess(
+        [str(NATIVE_FLOOR), "--answers", str(answers), "--address", "127.0.0.1:0"],
+        cwd=REPO,
+        log_path=workdir / "native-floor.log",
+        name="native-floor",
+    )
     address = process.wait_listening(START_TIMEOUT)
     return _ready(process, address, expected_groups=cluster.pools, health=False)
 
