@@ -95,6 +95,7 @@ def freshness(cloud: CloudRequests) -> dict[str, float]:
     ages = [ends[k + 1] - starts[k] for k in range(len(starts) - 1)]
     return {
         "listings": float(len(starts)),
+        "requests_per_listing": cloud.total / len(starts) if starts else math.nan,
         "listing_interval_mean_s": statistics.fmean(gaps) if gaps else math.nan,
         "listing_interval_max_s": max(gaps) if gaps else math.nan,
         "max_answer_age_s": max(ages) if ages else math.nan,

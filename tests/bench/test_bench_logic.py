@@ -77,6 +77,7 @@ def test_freshness_bounds_the_age_of_answers_by_the_listings() -> None:
         ]
     fresh = report.freshness(report.cloud_requests("ours", requests))
     assert fresh["listings"] == 3
+    assert fresh["requests_per_listing"] == 4
     assert fresh["listing_interval_mean_s"] == pytest.approx(32.5)
     assert fresh["listing_interval_max_s"] == pytest.approx(35.0)
     assert fresh["max_answer_age_s"] == pytest.approx(37.0)  # listing 3 ends at 67, listing 2 began at 30
