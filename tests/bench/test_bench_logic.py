@@ -78,6 +78,7 @@ def test_freshness_bounds_the_age_of_answers_by_the_listings() -> None:
     fresh = report.freshness(report.cloud_requests("ours", requests))
     assert fresh["listings"] == 3
     assert fresh["requests_per_listing"] == 4
+    assert fresh["requests_per_minute_steady"] == pytest.approx(4 * 60 / 32.5)
     assert fresh["listing_interval_mean_s"] == pytest.approx(32.5)
     assert fresh["listing_interval_max_s"] == pytest.approx(35.0)
     assert fresh["max_answer_age_s"] == pytest.approx(37.0)  # listing 3 ends at 67, listing 2 began at 30
@@ -101,11 +102,14 @@ def test_a_run_with_errors_or_unknown_nodes_is_invalid() -> None:
 
 def test_ratios_are_against_the_upstream_example() -> None:
     ours = {"loop_median_ms": 30.0, "loop_p95_ms": 40.0, "cloud_requests": 5, "peak_rss_mib": 60.0}
+    ours["freshness"] = {"requests_per_minute_steady": 90.0}
     upstream = {"loop_median_ms": 20.0, "loop_p95_ms": 20.0, "cloud_requests": 10, "peak_rss_mib": 30.0}
+    upstream["freshness"] = {"requests_per_minute_steady": 100.0}
     assert report.compare({"ours": ours}) == {}
     ratios = report.compare({"ours": ours, "ours-aio": ours, "upstream": upstream})
     assert set(ratios) == {"ours", "ours-aio"}
     assert ratios["ours"]["loop_ratio"] == pytest.approx(1.5)
     assert ratios["ours"]["loop_p95_ratio"] == pytest.approx(2.0)
     assert ratios["ours"]["cloud_requests_ratio"] == pytest.approx(0.5)
+    assert ratios["ours"]["cloud_requests_steady_ratio"] == pytest.approx(0.9)
     assert ratios["ours"]["peak_rss_ratio"] == pytest.approx(2.0)
