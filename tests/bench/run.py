@@ -8,7 +8,7 @@ server's peak RSS from /proc.
 
     python -m tests.bench.run                      # 1,000 and 5,000 nodes, 100 groups, 20 loops
     python -m tests.bench.run --nodes 120 --pools 10 --loops 2   # what the smoke test runs
-    python -m tests.bench.run --servers ours ours-threads ours-aio upstream   # serving variants side by side
+    python -m tests.bench.run --servers ours floor-threads floor-aio native-floor upstream   # the serving spike
 
 Prints a Markdown table and the path of the JSON results (keyed ``nodes_<N>``). Exit status 1 when a
 server answered wrongly (errors, unknown nodes, missing groups): such timings are not reported as

@@ -33,9 +33,12 @@ from tests.bench import floor_server
 from tests.bench.cluster import BENCH_REGION, BENCH_SECRET_KEY, BenchCluster
 
 REPO = Path(__file__).resolve().parents[2]
-# Our server as benchmarked: the name in the results -> top-level config keys added to its config.
+# Our server as benchmarked: the name in the results -> keys added to its config: "backend" keys to
+# the Scaleway backend's entry, any other key at the top level.
 OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours": {},
+    # Before syncs followed the CA's Refresh: a timer read the cloud every interval.
+    "ours-timer": {"backend": {"sync": {"follow_refresh": False}}},
 }
 # The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
 FLOOR_VARIANTS: dict[str, list[str]] = {
@@ -81,10 +84,11 @@ def start_ours(
 ) -> BenchedServer:
     """``ca-externalgrpc serve`` (the installed console script) on loopback port 0.
 
-    ``settings`` are top-level config keys added to the config file (the serving variants of the spike).
+    ``settings`` are config keys added to the config file (a variant of ``OURS_VARIANTS``).
     """
-    log = {"format": "json", "level": log_level}
-    config = server_config([scaleway_backend(cluster.simulator, "scw-bench")], log=log, **(settings or {}))
+    top = dict(settings or {})
+    backend = scaleway_backend(cluster.simulator, "scw-bench", **top.pop("backend", {}))
+    config = server_config([backend], log={"format": "json", "level": log_level}, **top)
     process = ServerProcess(
         config,
         workdir=workdir,

@@ -106,8 +106,8 @@ def test_ratios_are_against_the_upstream_example() -> None:
     upstream = {"loop_median_ms": 20.0, "loop_p95_ms": 20.0, "cloud_requests": 10, "peak_rss_mib": 30.0}
     upstream["freshness"] = {"requests_per_minute_steady": 100.0}
     assert report.compare({"ours": ours}) == {}
-    ratios = report.compare({"ours": ours, "ours-aio": ours, "upstream": upstream})
-    assert set(ratios) == {"ours", "ours-aio"}
+    ratios = report.compare({"ours": ours, "floor-aio": ours, "upstream": upstream})
+    assert set(ratios) == {"ours", "floor-aio"}
     assert ratios["ours"]["loop_ratio"] == pytest.approx(1.5)
     assert ratios["ours"]["loop_p95_ratio"] == pytest.approx(2.0)
     assert ratios["ours"]["cloud_requests_ratio"] == pytest.approx(0.5)
