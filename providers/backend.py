@@ -40,13 +40,6 @@ FRESH_FOR_WRITE = 5.0
 SYNC_SOON_DELAY = 3.0
 # How long an unconfirmed change is remembered to make a CA retry of it idempotent.
 INTENT_MEMORY = 120.0
-# A Refresh that starts a sync waits this long at most for it (less when its deadline is nearer), then
-# answers from the snapshot it has: the sync goes on in the background.
-REFRESH_WAIT = 3.0
-REFRESH_WAIT_MARGIN = 1.0  # left of the caller's deadline to answer in
-# Following the CA's Refresh, the background thread still syncs when no Refresh asked for this many
-# intervals (the CA stopped or lost its connection): probes, metrics and templates stay current.
-IDLE_SYNC_INTERVALS = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +49,6 @@ class SyncSettings:
     min_interval: float = 5.0
     max_staleness: float = 600.0
     initial_sync_timeout: float = 20.0
-    # True: the CA's Refresh starts a sync when the snapshot is older than the interval (the CA asks
-    # for a new listing only while it runs, as the in-tree providers refresh); False: a timer syncs
-    # every interval whether anyone asks or not.
-    follow_refresh: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +116,6 @@ class Backend:
         self._sync_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._attempts = 0  # sync attempts finished, good or bad
-        self._attempt_done = threading.Condition()
         self._thread: threading.Thread | None = None
         self._next_sync_at = 0.0
         self._last_error = ""
@@ -177,40 +164,6 @@ class Backend:
             return max(self._max_age, s.min_interval)
         return s.default_interval
 
-    def _timer_interval(self) -> float:
-        """Time from one good sync to the next one the background thread starts by itself."""
-        interval = self._interval()
-        return interval * IDLE_SYNC_INTERVALS if self.settings.follow_refresh else interval
-
-    def refresh(self, deadline: Deadline) -> None:
-        """The CA's Refresh: sync first if the snapshot is older than the interval, then apply the bound.
-
-        The sync runs on the background thread (one sync at a time); this waits for it at most
-        ``REFRESH_WAIT`` and never past the caller's deadline, then answers from whatever snapshot is
-        in place. Raises CloudUnavailable when that snapshot is beyond the staleness bound.
-        """
-        attempts = self._request_refresh_sync()
-        if attempts is not None:
-            wait = min(REFRESH_WAIT, deadline.remaining() - REFRESH_WAIT_MARGIN)
-            with self._attempt_done:
-                self._attempt_done.wait_for(lambda: self._attempts > attempts, timeout=max(wait, 0.0))
-        self.check_fresh_enough()
-
-    def _request_refresh_sync(self) -> int | None:
-        """Wake the sync thread when the snapshot is due; the attempt count to wait past, else None."""
-        if not self.settings.follow_refresh or self._thread is None:
-            return None
-        now = self._clock()
-        with self._state_lock:
-            snapshot = self._snapshot
-            if snapshot.version and now - snapshot.finished_at < self._interval():
-                return None
-            if self._failures and now < self._next_sync_at:
-                return None  # backing off after a failed sync; the thread retries by itself
-            self._next_sync_at = min(self._next_sync_at, now)
-            self._wake.set()
-            return self._attempts
-
     def sync_soon(self, delay: float = SYNC_SOON_DELAY) -> None:
         """Ask the background thread to sync within ``delay`` seconds (rate-limited)."""
         at = self._clock() + max(delay, 0.0)
@@ -233,7 +186,6 @@ class Backend:
                 self._last_error = str(err)
                 backoff = min(self._interval(), self.settings.min_interval * (2 ** min(self._failures - 1, 6)))
                 self._next_sync_at = self._clock() + backoff
-                self._attempt_finished()
                 log.warning(
                     "cloud sync failed; serving the last good snapshot",
                     extra={
@@ -251,16 +203,10 @@ class Backend:
                 self._max_age = listing.max_age
                 self._failures = 0
                 self._last_error = ""
-                self._next_sync_at = self._clock() + self._timer_interval()
+                self._next_sync_at = self._clock() + self._interval()
                 self._settle_pending(snapshot)
-            self._attempt_finished()
             self._notify()
             return snapshot
-
-    def _attempt_finished(self) -> None:
-        with self._attempt_done:
-            self._attempts += 1
-            self._attempt_done.notify_all()
 
     def _build_snapshot(self, listing: CloudListing, started: float) -> Snapshot:
         # Wall-clock time of the read, for humans (status command, CA logs of NodeGroup.debug).

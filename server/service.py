@@ -230,11 +230,9 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc()
     def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
-        # Cloud reads happen on each backend's sync thread; a Refresh may start one (bounded wait)
-        # and refuses state beyond the staleness bound.
-        deadline = self._deadline(context)
+        # Cloud reads happen in the background sync; Refresh only refuses state beyond its bound.
         for backend in self.registry.backends:
-            backend.refresh(deadline)
+            backend.check_fresh_enough()
         return pb.RefreshResponse()
 
     # --------------------------------------------------------------- node-group level
