@@ -24,6 +24,7 @@ from server.config import ServerConfig
 from server.decoding import DecodingInterceptor
 from server.group_overrides import UnmatchedOverrideCheck
 from server.metrics import Metrics
+from server.prewrapped import PrewrappingServer
 from server.probes import HttpEndpoint, Liveness, serve_probes
 from server.service import SERVICE_NAME, CloudProviderService
 
@@ -194,14 +195,14 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(registry, options, on_scale_action=metrics.scale_action)
     server = grpc.server(
-        executor,
-        interceptors=interceptors,
-        options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 16 * 1024 * 1024)],
+        executor, options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 16 * 1024 * 1024)]
     )
-    pb_grpc.add_CloudProviderServicer_to_server(service, server)
+    # The interceptors wrap each handler once, as the services register, not on every call.
+    registering = PrewrappingServer(server, interceptors)
+    pb_grpc.add_CloudProviderServicer_to_server(service, registering)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registering)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), registering)
     creds = _credentials(config)
     bound = _bind_grpc(server, config.listen, creds)
     liveness = Liveness(executor)

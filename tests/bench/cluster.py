@@ -1,16 +1,20 @@
 """The simulated cluster a benchmark runs against, and the node list the load client replays.
 
-Both servers under test read the same ``ScalewaySimulator``, so they see the same pools and nodes.
-``generated_cluster`` fills every pool; a tenth of the pools are emptied here (their nodes moved to the
-others, so the node count stays as asked) because the CA asks ``TemplateNodeInfo`` only for groups
+Every server under test gets a ``ScalewaySimulator`` of its own, built from the same seeded scenario,
+so all of them see the same pools and nodes (same ids) and every request in a simulator's log was
+sent by that simulator's server: the counts need no guess about who sent what.
+
+``generated_cluster`` fills every pool; a tenth of the pools are emptied here (their nodes moved to
+the others, so the node count stays as asked) because the CA asks ``TemplateNodeInfo`` only for groups
 without usable nodes, and a loop that never asks for a template would leave that path unmeasured.
+One more pool has autoscaling turned off and holds ``UNMANAGED_SHARE`` of the nodes: the nodes of no
+node group, which the CA asks about again and again in every loop because an empty answer is never
+cached by its client.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from simulators.common.clock import WallClock
@@ -20,6 +24,8 @@ from simulators.scaleway.scenarios import generated_cluster
 BENCH_SECRET_KEY = "bench-secret-key"
 BENCH_REGION = "fr-par"
 EMPTY_POOL_EVERY = 10  # every 10th pool starts at size 0 (scale-from-zero candidates)
+UNMANAGED_SHARE = 0.05  # nodes in a pool with autoscaling off (a fixed "system" pool)
+UNMANAGED_POOL = "system-fixed"
 
 # Annotations a kubelet-registered node typically carries; the CA sends all of them in every
 # NodeGroupForNode request, so they are part of the request size both servers must decode.
@@ -30,9 +36,19 @@ NODE_ANNOTATIONS = {
 }
 
 
+def unmanaged_count(nodes: int) -> int:
+    """How many of ``nodes`` belong to no node group (none in clusters too small to spare them)."""
+    return int(nodes * UNMANAGED_SHARE)
+
+
 def bench_scenario(pools: int, nodes: int, seed: int = 0) -> dict[str, Any]:
-    """``generated_cluster`` with every ``EMPTY_POOL_EVERY``-th pool emptied, total nodes unchanged."""
-    scenario = generated_cluster(pools=pools, nodes=nodes, seed=seed)
+    """``generated_cluster`` with every ``EMPTY_POOL_EVERY``-th pool emptied and a fixed pool added.
+
+    ``pools`` counts the autoscaled pools (the node groups); ``nodes`` counts every node, those of the
+    fixed pool included.
+    """
+    unmanaged = unmanaged_count(nodes)
+    scenario = generated_cluster(pools=pools, nodes=nodes - unmanaged, seed=seed)
     pool_list = scenario["clusters"][0]["pools"]
     empty = [p for i, p in enumerate(pool_list) if i % EMPTY_POOL_EVERY == EMPTY_POOL_EVERY - 1]
     filled = [p for p in pool_list if p not in empty]
@@ -48,17 +64,32 @@ def bench_scenario(pools: int, nodes: int, seed: int = 0) -> dict[str, Any]:
         pool["nodes"] += base + (1 if index < extra else 0)
         pool["size"] = pool["nodes"]
         pool["max_size"] = max(pool["max_size"], pool["size"] * 2, pool["size"] + 10)
+    if unmanaged:
+        pool_list.append(
+            {
+                "name": UNMANAGED_POOL,
+                "node_type": "DEV1-M",
+                "size": unmanaged,
+                "min_size": unmanaged,
+                "max_size": unmanaged,
+                "autoscaling": False,
+                "nodes": unmanaged,
+            }
+        )
     scenario["secret_key"] = BENCH_SECRET_KEY
     return scenario
 
 
 @dataclass(frozen=True)
 class BenchCluster:
+    """One simulator holding the benchmark cluster, serving one server under test."""
+
     simulator: ScalewaySimulator
     cluster_id: str
-    pools: int
-    nodes: int
+    pools: int  # node groups (autoscaled pools)
+    nodes: int  # every node, the unmanaged ones included
     empty_pools: int
+    unmanaged_nodes: int
 
     @property
     def url(self) -> str:
@@ -72,8 +103,9 @@ def start_cluster(pools: int, nodes: int, seed: int = 0) -> BenchCluster:
     """Start a wall-clock simulator on 127.0.0.1 holding the benchmark cluster."""
     scenario = bench_scenario(pools, nodes, seed)
     simulator = ScalewaySimulator(scenario, clock=WallClock(), secret_key=BENCH_SECRET_KEY, region=BENCH_REGION).start()
-    empty = sum(1 for p in scenario["clusters"][0]["pools"] if p["size"] == 0)
-    return BenchCluster(simulator, simulator.cluster_id, pools, nodes, empty)
+    autoscaled = [p for p in scenario["clusters"][0]["pools"] if p.get("autoscaling", True)]
+    empty = sum(1 for p in autoscaled if p["size"] == 0)
+    return BenchCluster(simulator, simulator.cluster_id, pools, nodes, empty, unmanaged_count(nodes))
 
 
 def node_list(cluster: BenchCluster) -> list[dict[str, Any]]:
@@ -89,9 +121,3 @@ def node_list(cluster: BenchCluster) -> list[dict[str, Any]]:
                 {"providerID": node.provider_id, "name": node.name, "labels": labels, "annotations": NODE_ANNOTATIONS}
             )
     return result
-
-
-def write_node_list(cluster: BenchCluster, path: Path) -> int:
-    nodes = node_list(cluster)
-    path.write_text(json.dumps(nodes))
-    return len(nodes)

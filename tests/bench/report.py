@@ -15,16 +15,16 @@ from typing import Any
 
 from simulators.common.request_log import RecordedRequest
 
-# How a cloud request is attributed to a server: the User-Agent each one sends (ours:
-# providers/scaleway/client.py; upstream: "<user-agent flag>/<CA version> cluster-id/<id>").
-USER_AGENT_PREFIXES: Mapping[str, str] = {
-    "ours": "ca-externalgrpc-server/",
-    "upstream": "cluster-autoscaler/",
-    "goref": "ca-bench-goreference/",
-}
-# The server ours is compared with: the upstream example when it ran, else the Go stand-in.
-BASELINES = ("upstream", "goref")
+# Every server has a simulator of its own, so its log holds only its requests; the User-Agent each
+# really sends is checked as well (ours: providers/scaleway/client.py; the upstream example: its
+# hard-coded UserAgent option "user-agent", then "/<CA version> cluster-id/<id>").
+OURS_USER_AGENT = "ca-externalgrpc-server/"
+UPSTREAM_USER_AGENT = "user-agent/"
+# The server every other is compared with.
+BASELINE = "upstream"
 HOT_RPCS = ("NodeGroupForNode", "NodeGroupGetOptions")
+# The request that starts a full listing of the cluster: the first page of its pools.
+LISTING_START_ROUTE = "list_pools"
 
 
 class InvalidRun(AssertionError):
@@ -40,16 +40,71 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[rank - 1]
 
 
-def attribute_requests(requests: Iterable[RecordedRequest]) -> dict[str, Counter[str]]:
-    """Count simulator requests per server and route, by User-Agent; control-API calls are skipped."""
-    counts: dict[str, Counter[str]] = {name: Counter() for name in [*USER_AGENT_PREFIXES, "other"]}
-    for request in requests:
+def user_agent_prefix(server: str) -> str:
+    return UPSTREAM_USER_AGENT if server == BASELINE else OURS_USER_AGENT  # the floor servers send none
+
+
+@dataclass(frozen=True)
+class CloudRequests:
+    """The requests one server sent to its own simulator in the measured window."""
+
+    by_route: Counter[str]
+    foreign: int  # requests without the server's User-Agent (must be 0: nothing else talks to it)
+    listing_starts: list[float]  # simulator time of each full listing's first request
+    listing_ends: list[float]  # time of each listing's last request
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_route.values())
+
+
+def cloud_requests(server: str, requests: Iterable[RecordedRequest]) -> CloudRequests:
+    """Count a server's cloud requests by route and find its full listings; control-API calls are skipped.
+
+    A listing starts with the first page of the pool list and runs until the next one starts.
+    """
+    prefix = user_agent_prefix(server)
+    by_route: Counter[str] = Counter()
+    foreign = 0
+    starts: list[float] = []
+    ends: list[float] = []
+    for request in sorted(requests, key=lambda r: r.at):
         if request.path.startswith("/_sim/"):
             continue
-        agent = request.headers.get("user-agent", "")
-        owner = next((name for name, prefix in USER_AGENT_PREFIXES.items() if agent.startswith(prefix)), "other")
-        counts[owner][f"{request.method} {request.route}"] += 1
-    return counts
+        if not request.headers.get("user-agent", "").startswith(prefix):
+            foreign += 1
+            continue
+        by_route[f"{request.method} {request.route}"] += 1
+        if request.route == LISTING_START_ROUTE and request.query.get("page", "1") == "1":
+            starts.append(request.at)
+            ends.append(request.at)
+        elif ends:
+            ends[-1] = request.at
+    return CloudRequests(by_route, foreign, starts, ends)
+
+
+def freshness(cloud: CloudRequests) -> dict[str, float]:
+    """How old the cloud state behind an answer can be, from the listings a server made.
+
+    Until listing k+1 has finished, a server answers from listing k (or older), whose data dates from
+    when listing k started: the largest ``end[k+1] - start[k]`` bounds the age of any answer in the
+    window. NaN when the window holds fewer than two listings.
+    """
+    starts, ends = cloud.listing_starts, cloud.listing_ends
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    ages = [ends[k + 1] - starts[k] for k in range(len(starts) - 1)]
+    per_listing = cloud.total / len(starts) if starts else math.nan
+    mean_gap = statistics.fmean(gaps) if gaps else math.nan
+    return {
+        "listings": float(len(starts)),
+        "requests_per_listing": per_listing,
+        # The steady rate: what a listing costs, as often as listings came. A window holds only a few
+        # listings, so its plain count moves by a whole listing with where the window falls.
+        "requests_per_minute_steady": per_listing * 60.0 / mean_gap if gaps else math.nan,
+        "listing_interval_mean_s": mean_gap,
+        "listing_interval_max_s": max(gaps) if gaps else math.nan,
+        "max_answer_age_s": max(ages) if ages else math.nan,
+    }
 
 
 @dataclass(frozen=True)
@@ -57,6 +112,7 @@ class Expectation:
     nodes: int
     groups: int
     groups_at_zero: int
+    unmanaged_nodes: int
 
 
 def check_target(name: str, target: Mapping[str, Any], expected: Expectation) -> None:
@@ -65,8 +121,11 @@ def check_target(name: str, target: Mapping[str, Any], expected: Expectation) ->
     for rpc, stats in target["rpc"].items():
         if stats["errors"]:
             problems.append(f"{rpc}: {stats['errors']} errors, first: {stats['first_error']}")
-    if target["unknown_nodes"]:
-        problems.append(f"{target['unknown_nodes']} of {expected.nodes} nodes answered with no node group")
+    if target["unknown_nodes"] != expected.unmanaged_nodes:
+        problems.append(
+            f"{target['unknown_nodes']} of {expected.nodes} nodes answered with no node group, "
+            f"{expected.unmanaged_nodes} belong to none"
+        )
     if target["groups"] != expected.groups:
         problems.append(f"NodeGroups listed {target['groups']} groups, the cluster has {expected.groups}")
     if target["groups_at_zero"] != expected.groups_at_zero:
@@ -77,14 +136,14 @@ def check_target(name: str, target: Mapping[str, Any], expected: Expectation) ->
 
 def summarize_target(
     target: Mapping[str, Any],
-    cloud: Counter[str],
+    cloud: CloudRequests,
     loops: int,
     window_s: float,
     memory: Mapping[str, float],
     startup: Mapping[str, Any],
 ) -> dict[str, Any]:
     loops_ms = list(target["loops_ms"])
-    total_requests = sum(cloud.values())
+    total_requests = cloud.total
     summary: dict[str, Any] = {
         "loops": len(loops_ms),
         "loop_median_ms": statistics.median(loops_ms),
@@ -95,7 +154,9 @@ def summarize_target(
         "cloud_requests": total_requests,
         "cloud_requests_per_loop": total_requests / loops if loops else math.nan,
         "cloud_requests_per_minute": total_requests / window_s * 60.0 if window_s > 0 else math.nan,
-        "cloud_requests_by_route": dict(sorted(cloud.items())),
+        "cloud_requests_by_route": dict(sorted(cloud.by_route.items())),
+        "foreign_cloud_requests": cloud.foreign,
+        "freshness": freshness(cloud),
         "peak_rss_mib": memory["peak_rss_mib"],
         "rss_at_end_mib": memory["rss_mib"],
         "startup_serving_s": startup["serving_s"],
@@ -116,21 +177,30 @@ def summarize_target(
 
 
 def compare(servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Ratios ours/baseline for the figures the targets are stated in (empty without ours and a baseline)."""
-    baseline = next((name for name in BASELINES if name in servers), None)
-    if "ours" not in servers or baseline is None:
+    """Ratios server/baseline for the figures the targets are stated in, for every server but the baseline.
+
+    ``{}`` when the baseline did not run.
+    """
+    if BASELINE not in servers:
         return {}
-    ours, upstream = servers["ours"], servers[baseline]
+    base = servers[BASELINE]
 
     def ratio(a: float, b: float) -> float:
         return a / b if b else math.inf
 
+    def steady(s: Mapping[str, Any]) -> float:
+        return float(s["freshness"]["requests_per_minute_steady"])
+
     return {
-        "baseline": baseline,
-        "loop_ratio": ratio(ours["loop_median_ms"], upstream["loop_median_ms"]),
-        "loop_p95_ratio": ratio(ours["loop_p95_ms"], upstream["loop_p95_ms"]),
-        "cloud_requests_ratio": ratio(ours["cloud_requests"], upstream["cloud_requests"]),
-        "peak_rss_ratio": ratio(ours["peak_rss_mib"], upstream["peak_rss_mib"]),
+        name: {
+            "loop_ratio": ratio(s["loop_median_ms"], base["loop_median_ms"]),
+            "loop_p95_ratio": ratio(s["loop_p95_ms"], base["loop_p95_ms"]),
+            "cloud_requests_ratio": ratio(s["cloud_requests"], base["cloud_requests"]),
+            "cloud_requests_steady_ratio": ratio(steady(s), steady(base)),
+            "peak_rss_ratio": ratio(s["peak_rss_mib"], base["peak_rss_mib"]),
+        }
+        for name, s in servers.items()
+        if name != BASELINE
     }
 
 
@@ -143,34 +213,40 @@ def _fmt(value: float, digits: int = 1) -> str:
 def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table, one row per (size, server)."""
     header = (
-        "| nodes | server | loop median ms | loop p95 ms | ours/baseline | NodeGroupForNode p50/p99 µs "
-        "| GetOptions p50/p99 µs | cloud req/loop | cloud req/min | peak RSS MiB | start → serving s |"
+        "| nodes | server | loop median ms | loop p95 ms | ÷ upstream | NodeGroupForNode p50/p99 µs "
+        "| GetOptions p50/p99 µs | cloud req/min (window / steady) | max answer age s | peak RSS MiB "
+        "| start → serving s |"
     )
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for key, size in results.items():
         if not key.startswith("nodes_"):
             continue
+        ratios = size.get("ratios", {})
         for name, s in size["servers"].items():
-            ratio = size.get("loop_ratio") if name == "ours" else None
+            ratio = ratios.get(name, {}).get("loop_ratio")
             ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
-            start = _fmt(s["startup_serving_s"], 2) + ("" if name == "ours" else " (a)")
-            if name == size.get("baseline"):
-                name = f"{name} (baseline)"
+            start = _fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
             rows.append(
                 f"| {size['nodes']:,} | {name} | {_fmt(s['loop_median_ms'])} | {_fmt(s['loop_p95_ms'])} "
-                f"| {_fmt(ratio, 2) if ratio is not None else ''} "
+                f"| {_fmt(ratio, 2) if ratio is not None else 'baseline'} "
                 f"| {_fmt(ngfn['p50_us'], 0)} / {_fmt(ngfn['p99_us'], 0)} "
                 f"| {_fmt(opts['p50_us'], 0)} / {_fmt(opts['p99_us'], 0)} "
-                f"| {_fmt(s['cloud_requests_per_loop'], 2)} | {_fmt(s['cloud_requests_per_minute'], 1)} "
+                f"| {_fmt(s['cloud_requests_per_minute'], 1)} / "
+                f"{_fmt(s['freshness']['requests_per_minute_steady'], 1)} "
+                f"| {_fmt(s['freshness']['max_answer_age_s'], 1)} "
                 f"| {_fmt(s['peak_rss_mib'])} | {start} |"
             )
     rows.append("")
     rows.append(
-        "(a) no grpc.health.v1 service in the upstream example (nor in goref): time to the first NodeGroups "
-        "answering every group."
+        "(a) no grpc.health.v1 service in the upstream example: time to the first NodeGroups answering every group."
     )
     rows.append(
-        "goref: a grpc-go stand-in doing the upstream example's lookups (tests/bench/loadclient/goreference), "
-        "used as the baseline when the upstream module at the pinned release cannot be built."
+        "cloud req/min: window = requests in the measured window per minute; steady = requests per full "
+        "listing times listings per minute (mean interval between listings), which a window of a few "
+        "listings does not move by a whole listing."
+    )
+    rows.append(
+        "max answer age: the oldest cloud state a server could answer from in the window (end of a listing "
+        "minus the start of the one before it)."
     )
     return "\n".join(rows)

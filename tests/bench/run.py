@@ -1,12 +1,14 @@
 """``make bench``: replay the CA's loop against our server and the upstream example server.
 
-For each cluster size: start one Scaleway simulator holding the cluster, start both servers against
-it (child processes, timed to readiness), run the Go load client once with both targets so the
-measured loops alternate A, B, A, B (drift on a noisy machine hits both alike), then read the
-simulator's request log (attributed by User-Agent) and each server's peak RSS from /proc.
+For each cluster size: start one Scaleway simulator per server, all holding the same cluster, start
+the servers against them (child processes, timed to readiness), run the Go load client once with
+every target so the measured loops alternate A, B, A, B (drift on a noisy machine hits all alike),
+then read each simulator's request log (every request in it comes from its one server) and each
+server's peak RSS from /proc.
 
     python -m tests.bench.run                      # 1,000 and 5,000 nodes, 100 groups, 20 loops
-    python -m tests.bench.run --nodes 200 --loops 2 --servers ours   # what the smoke test runs
+    python -m tests.bench.run --nodes 120 --pools 10 --loops 2   # what the smoke test runs
+    python -m tests.bench.run --servers ours floor-threads floor-aio native-floor upstream   # the serving spike
 
 Prints a Markdown table and the path of the JSON results (keyed ``nodes_<N>``). Exit status 1 when a
 server answered wrongly (errors, unknown nodes, missing groups): such timings are not reported as
@@ -30,8 +32,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import golang, report
-from tests.bench.cluster import BenchCluster, start_cluster, write_node_list
-from tests.bench.servers import BenchedServer, ServerStartError, start_go_reference, start_ours, start_upstream
+from tests.bench.cluster import BenchCluster, node_list, start_cluster
+from tests.bench.servers import (
+    FLOOR_VARIANTS,
+    OURS_VARIANTS,
+    BenchedServer,
+    ServerStartError,
+    start_floor,
+    start_native_floor,
+    start_ours,
+    start_upstream,
+)
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "ca-externalgrpc-bench"
 LOAD_CLIENT_TIMEOUT = 1800.0
@@ -46,9 +57,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--servers",
         nargs="+",
-        choices=("ours", "upstream", "goref"),
-        default=["ours", "upstream", "goref"],
-        help="servers to run (upstream is skipped, with a message, when its pinned release cannot be built)",
+        choices=(*OURS_VARIANTS, *FLOOR_VARIANTS, "native-floor", "upstream"),
+        default=["ours", "upstream"],
+        help="servers to run: our server with its default settings, its serving variants, the upstream example",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for results and server logs")
     parser.add_argument("--log-level", default="info", help="our server's log level (deployments run info)")
@@ -92,57 +103,87 @@ def _stop_profiler(profiler: subprocess.Popen[bytes] | None) -> None:
 
 
 def _run_load_client(
-    client: Path, servers: dict[str, BenchedServer], nodes_file: Path, cluster: BenchCluster, args: argparse.Namespace
+    client: Path,
+    servers: dict[str, BenchedServer],
+    clusters: dict[str, BenchCluster],
+    nodes_file: Path,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     result_file = nodes_file.with_name(f"loadclient-{nodes_file.stem}.json")
     argv = [str(client), "-nodes", str(nodes_file), "-loops", str(args.loops), "-warmup", str(args.warmup)]
     argv += ["-out", str(result_file)]
     for name, server in servers.items():
         argv += ["-target", f"{name}={server.address}"]
-    # The log is shared: clearing it once after everyone's warm-up starts the steady-state window.
-    first = next(iter(servers))
-    argv += ["-clear", f"{first}={cluster.url}/_sim/requests"]
+        # Cleared after everyone's warm-up: the steady-state window starts for all at once.
+        argv += ["-clear", f"{name}={clusters[name].url}/_sim/requests"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=LOAD_CLIENT_TIMEOUT)
     if done.returncode != 0:
         raise report.InvalidRun(f"load client failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     return json.loads(result_file.read_text())
 
 
-def run_size(
-    nodes: int, args: argparse.Namespace, client: Path, binaries: dict[str, Path], out: Path
-) -> dict[str, Any]:
+def _start_clusters(names: Sequence[str], args: argparse.Namespace, nodes: int) -> dict[str, BenchCluster]:
+    """One simulator per server, from the same seeded scenario; checked to hold the very same nodes."""
+    clusters: dict[str, BenchCluster] = {}
+    try:
+        for name in names:
+            clusters[name] = start_cluster(args.pools, nodes)
+        lists = [node_list(c) for c in clusters.values()]
+        if any(other != lists[0] for other in lists[1:]):
+            raise report.InvalidRun("the simulators of the servers do not hold the same nodes")
+    except BaseException:
+        for cluster in clusters.values():
+            cluster.stop()
+        raise
+    return clusters
+
+
+def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path | None, out: Path) -> dict[str, Any]:
     workdir = out / f"nodes_{nodes}"
     workdir.mkdir(parents=True, exist_ok=True)
-    cluster = start_cluster(args.pools, nodes)
+    # A fixed order within each round (ours first); the alternation spreads drift over all servers.
+    known = (*OURS_VARIANTS, *FLOOR_VARIANTS, "native-floor", "upstream")
+    names = [n for n in known if n in args.servers and (n != "upstream" or upstream)]
+    clusters = _start_clusters(names, args, nodes)
     servers: dict[str, BenchedServer] = {}
     profiler: subprocess.Popen[bytes] | None = None
     try:
+        first = clusters[names[0]]
         nodes_file = workdir / "nodes.json"
-        count = write_node_list(cluster, nodes_file)
-        # Started one after the other, so neither start-up competes with the other for the CPU.
-        if "upstream" in binaries:
-            servers["upstream"] = start_upstream(cluster, binaries["upstream"], workdir)
-        if "goref" in binaries:
-            servers["goref"] = start_go_reference(cluster, binaries["goref"], workdir)
-        if "ours" in args.servers:
-            servers["ours"] = start_ours(cluster, workdir, args.log_level)
-            if args.profile:
-                profiler = _start_profiler(servers["ours"], out, nodes)
-        # A fixed order within each round (ours first); the alternation spreads drift over all servers.
-        ordered: dict[str, BenchedServer] = {n: servers[n] for n in ("ours", "upstream", "goref") if n in servers}
-        raw = _run_load_client(client, ordered, nodes_file, cluster, args)
+        nodes_file.write_text(json.dumps(node_list(first)))
+        # Started one after the other, so no start-up competes with another for the CPU.
+        for name in names:
+            if name == "upstream":
+                assert upstream is not None
+                servers[name] = start_upstream(clusters[name], upstream, workdir)
+            elif name in FLOOR_VARIANTS:
+                servers[name] = start_floor(clusters[name], workdir, name)
+            elif name == "native-floor":
+                servers[name] = start_native_floor(clusters[name], workdir)
+            else:
+                servers[name] = start_ours(clusters[name], workdir, args.log_level, name, OURS_VARIANTS[name])
+        if args.profile and "ours" in servers:
+            profiler = _start_profiler(servers["ours"], out, nodes)
+        raw = _run_load_client(client, servers, clusters, nodes_file, args)
         _stop_profiler(profiler)
         profiler = None
-        requests = report.attribute_requests(cluster.simulator.requests.all())
-        expected = report.Expectation(nodes=count, groups=cluster.pools, groups_at_zero=cluster.empty_pools)
+        expected = report.Expectation(
+            nodes=first.nodes,
+            groups=first.pools,
+            groups_at_zero=first.empty_pools,
+            unmanaged_nodes=first.unmanaged_nodes,
+        )
         summaries: dict[str, Any] = {}
-        for name, server in ordered.items():
+        for name, server in servers.items():
             target = raw["targets"][name]
             report.check_target(name, target, expected)
+            cloud = report.cloud_requests(name, clusters[name].simulator.requests.all())
+            if cloud.foreign:
+                raise report.InvalidRun(f"{name}'s simulator answered {cloud.foreign} requests of another client")
             startup = server.startup
             summaries[name] = report.summarize_target(
                 target,
-                requests[name],
+                cloud,
                 args.loops,
                 raw["measure_seconds"],
                 server.process.memory(),
@@ -153,51 +194,51 @@ def run_size(
                 },
             )
         return {
-            **report.compare(summaries),  # baseline, loop_ratio, loop_p95_ratio, ... at the top of the size
-            "nodes": count,
-            "groups": cluster.pools,
-            "groups_at_zero": cluster.empty_pools,
+            "baseline": report.BASELINE if report.BASELINE in summaries else None,
+            "ratios": report.compare(summaries),
+            "nodes": first.nodes,
+            "unmanaged_nodes": first.unmanaged_nodes,
+            "groups": first.pools,
+            "groups_at_zero": first.empty_pools,
             "loops": args.loops,
             "warmup_loops": args.warmup,
             "measure_window_s": raw["measure_seconds"],
-            "unattributed_cloud_requests": sum(requests["other"].values()),
+            "load_average": os.getloadavg(),
             "servers": summaries,
         }
     finally:
         _stop_profiler(profiler)
         for server in servers.values():
             server.stop()
-        cluster.stop()
+        for cluster in clusters.values():
+            cluster.stop()
 
 
 def _environment(notes: dict[str, str]) -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
+        "load_average_at_start": os.getloadavg(),
         "servers": notes,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 
-def _build_servers(wanted: Sequence[str]) -> tuple[dict[str, Path], dict[str, str]]:
-    """Go binaries for the Go servers asked for, and a note per server saying what ran (or why not)."""
-    binaries: dict[str, Path] = {}
+def _notes(wanted: Sequence[str], pin: golang.UpstreamPin | None) -> dict[str, str]:
+    """What each server is, for the results."""
     notes: dict[str, str] = {}
-    if "ours" in wanted:
-        notes["ours"] = "ca-externalgrpc serve (this checkout)"
-    if "upstream" in wanted:
-        pin = golang.upstream_pin()
-        print(f"building the upstream example server (cluster-autoscaler {pin.version}) ...", flush=True)
-        try:
-            binaries["upstream"] = golang.build_upstream()
-            notes["upstream"] = f"k8s.io/autoscaler/cluster-autoscaler {pin.version}, -tags {golang.UPSTREAM_TAGS}"
-        except (golang.WrongUpstreamRelease, golang.GoBuildError) as exc:
-            notes["upstream"] = f"not run: {exc}"
-            print(f"UPSTREAM NOT RUN: {exc}", file=sys.stderr, flush=True)
-    if "goref" in wanted:
-        binaries["goref"] = golang.go_reference()
-        notes["goref"] = "tests/bench/loadclient/goreference (grpc-go stand-in for the upstream example)"
-    return binaries, notes
+    for name in wanted:
+        if name == "upstream":
+            assert pin is not None
+            notes[name] = f"upstream example server: {pin.describe()}"
+        elif name in FLOOR_VARIANTS:
+            notes[name] = "tests/bench/floor_server.py " + " ".join(FLOOR_VARIANTS[name])
+        elif name == "native-floor":
+            notes[name] = "tests/bench/native_floor (Rust, tonic 0.14) serving answers Python serialized"
+        else:
+            settings = OURS_VARIANTS[name]
+            notes[name] = "ca-externalgrpc serve (this checkout)" + (f", {json.dumps(settings)}" if settings else "")
+    return notes
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,16 +247,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     try:
         client = golang.load_client()
-        binaries, notes = _build_servers(args.servers)
+        upstream = golang.upstream_example() if "upstream" in args.servers else None
+        pin = golang.upstream_pin() if upstream else None
     except golang.GoBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    results: dict[str, Any] = {"environment": _environment(notes)}
+    results: dict[str, Any] = {"environment": _environment(_notes(args.servers, pin))}
     failed = False
     for nodes in args.nodes:
-        print(f"running {nodes:,} nodes / {args.pools} groups, {args.loops} loops per server ...", flush=True)
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(
+            f"running {nodes:,} nodes / {args.pools} groups, {args.loops} loops per server (load {load}) ...",
+            flush=True,
+        )
         try:
-            results[f"nodes_{nodes}"] = run_size(nodes, args, client, binaries, out)
+            results[f"nodes_{nodes}"] = run_size(nodes, args, client, upstream, out)
         except (report.InvalidRun, ServerStartError) as exc:
             failed = True
             results[f"nodes_{nodes}"] = {"nodes": nodes, "error": str(exc)}

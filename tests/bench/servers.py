@@ -1,22 +1,26 @@
 """Start the servers under test as child processes (through ``devstack.harness``) and time their start.
 
-Both run as real processes (not threads of the runner) so that peak RSS comes from the kernel's own
+All run as real processes (not threads of the runner) so that peak RSS comes from the kernel's own
 high-water mark (``VmHWM`` in ``/proc/PID/status``) and start-up time covers the whole process start:
 interpreter or Go runtime, imports, first cloud sync, listening socket.
 
-Start-up is timed differently, because the upstream example (and its Go stand-in) has no health service:
+Start-up is timed differently, because the upstream example has no health service:
 - ours: from ``Popen`` to the first ``grpc.health.v1`` ``Check("")`` answering SERVING; we also time the
   first ``NodeGroups`` answering every group, which is the comparable moment;
-- upstream and goref: from ``Popen`` to the first successful ``NodeGroups`` with every group (both run
-  the first cloud refresh before they listen, so that is when they can serve).
+- upstream: from ``Popen`` to the first successful ``NodeGroups`` with every group (it runs the first
+  cloud refresh before it listens, so that is when it can serve).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -25,13 +29,27 @@ from devstack.clouds import scaleway_backend
 from devstack.harness import ChildProcess, ServerProcess, ServerStartError, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
+from tests.bench import floor_server
 from tests.bench.cluster import BENCH_REGION, BENCH_SECRET_KEY, BenchCluster
 
 REPO = Path(__file__).resolve().parents[2]
+# Our server as benchmarked: the name in the results -> keys added to its config: "backend" keys to
+# the Scaleway backend's entry, any other key at the top level.
+OURS_VARIANTS: dict[str, dict[str, Any]] = {
+    "ours": {},
+}
+# The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
+FLOOR_VARIANTS: dict[str, list[str]] = {
+    "floor-threads": ["--engine", "threads"],
+    "floor-threads-1": ["--engine", "threads", "--workers", "1"],
+    "floor-threads-raw": ["--engine", "threads", "--raw"],
+    "floor-aio": ["--engine", "aio"],
+    "floor-aio-uvloop": ["--engine", "aio-uvloop"],
+}
 OURS_COMMAND = REPO / ".venv" / "bin" / "ca-externalgrpc"
 START_TIMEOUT = 120.0  # a cold Python start plus a 5,000-node first sync stays far below this
 POLL_INTERVAL = 0.005
-# Upstream variables that would silently override our config file (docs/operations.md, "Environment variables").
+# The upstream example is configured by these variables (ours by its config file only).
 SCALEWAY_ENV = ("CLUSTER_ID", "SCW_SECRET_KEY", "SCW_REGION", "SCW_API_URL")
 
 
@@ -55,18 +73,27 @@ class BenchedServer:
         self.process.stop()
 
 
-def start_ours(cluster: BenchCluster, workdir: Path, log_level: str = "info") -> BenchedServer:
-    """``ca-externalgrpc serve`` (the installed console script) on loopback port 0."""
-    config = server_config(
-        [scaleway_backend(cluster.simulator, "scw-bench")], log={"format": "json", "level": log_level}
-    )
+def start_ours(
+    cluster: BenchCluster,
+    workdir: Path,
+    log_level: str = "info",
+    name: str = "ours",
+    settings: Mapping[str, Any] | None = None,
+) -> BenchedServer:
+    """``ca-externalgrpc serve`` (the installed console script) on loopback port 0.
+
+    ``settings`` are config keys added to the config file (a variant of ``OURS_VARIANTS``).
+    """
+    top = dict(settings or {})
+    backend = scaleway_backend(cluster.simulator, "scw-bench", **top.pop("backend", {}))
+    config = server_config([backend], log={"format": "json", "level": log_level}, **top)
     process = ServerProcess(
         config,
         workdir=workdir,
         log_level=log_level,
         command=[str(OURS_COMMAND)],
-        log_path=workdir / "ours.log",
-        name="ours",
+        log_path=workdir / f"{name}.log",
+        name=name,
         start_timeout=START_TIMEOUT,
     )
     return _ready(process, process.address, expected_groups=cluster.pools, health=True)
@@ -80,27 +107,60 @@ def _scaleway_env(cluster: BenchCluster) -> dict[str, str]:
     return env
 
 
-def _start_go(name: str, argv: list[str], cluster: BenchCluster, workdir: Path) -> BenchedServer:
-    """A Go server told to listen on port 0; the port it got is read from /proc (it cannot report it)."""
+def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
+    """The upstream example server with the in-tree Scaleway provider, configured the upstream way (env).
+
+    It listens on port 0; the port it got is read from /proc (it cannot report it).
+    """
     process = ChildProcess(
-        [*argv, "--address", "127.0.0.1:0"],
+        [str(binary), "--cloud-provider", "scaleway", "--v", "0", "--address", "127.0.0.1:0"],
         env=_scaleway_env(cluster),
         cwd=workdir,
-        log_path=workdir / f"{name}.log",
-        name=name,
+        log_path=workdir / "upstream.log",
+        name="upstream",
     )
     address = process.wait_listening(START_TIMEOUT)
     return _ready(process, address, expected_groups=cluster.pools, health=False)
 
 
-def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
-    """The upstream example server with the in-tree Scaleway provider, configured the upstream way (env)."""
-    return _start_go("upstream", [str(binary), "--cloud-provider", "scaleway", "--v", "0"], cluster, workdir)
+def _floor_state(cluster: BenchCluster) -> dict[str, Any]:
+    state = cluster.simulator.state
+    with state.lock:
+        autoscaled = {pid: pool for pid, pool in state.pools.items() if pool.autoscaling}
+        groups = [{"id": p.id, "min": p.min_size, "max": p.max_size, "size": p.size} for p in autoscaled.values()]
+        nodes = {n.provider_id: n.pool_id for n in state.nodes.values() if n.pool_id in autoscaled}
+    return floor_server.state_of(groups, nodes)
 
 
-def start_go_reference(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
-    """The Go stand-in (tests/bench/loadclient/goreference), configured like the upstream (env)."""
-    return _start_go("goref", [str(binary)], cluster, workdir)
+def start_floor(cluster: BenchCluster, workdir: Path, name: str) -> BenchedServer:
+    """The do-nothing grpcio server of the spike, answering from the cluster's state as it is now."""
+    state_file = workdir / f"{name}.state.json"
+    state_file.write_text(json.dumps(_floor_state(cluster)))
+    argv = [sys.executable, "-m", "tests.bench.floor_server", *FLOOR_VARIANTS[name], "--state", str(state_file)]
+    process = ChildProcess([*argv, "--address", "127.0.0.1:0"], cwd=REPO, log_path=workdir / f"{name}.log", name=name)
+    address = process.wait_listening(START_TIMEOUT)
+    return _ready(process, address, expected_groups=cluster.pools, health=False)
+
+
+NATIVE_FLOOR = REPO / "tests" / "bench" / "native_floor" / "target" / "release" / "native-floor"
+
+
+def start_native_floor(cluster: BenchCluster, workdir: Path) -> BenchedServer:
+    """The spike's Rust/tonic floor, serving the answers Python serialized from the cluster's state."""
+    if not NATIVE_FLOOR.is_file():
+        raise ServerStartError(
+            f"{NATIVE_FLOOR} is not built: run `cargo build --release` in tests/bench/native_floor (needs Rust)"
+        )
+    answers = workdir / "native-floor.answers.json"
+    answers.write_text(json.dumps(floor_server.native_answers(_floor_state(cluster))))
+    process = ChildProcess(
+        [str(NATIVE_FLOOR), "--answers", str(answers), "--address", "127.0.0.1:0"],
+        cwd=REPO,
+        log_path=workdir / "native-floor.log",
+        name="native-floor",
+    )
+    address = process.wait_listening(START_TIMEOUT)
+    return _ready(process, address, expected_groups=cluster.pools, health=False)
 
 
 def _ready(process: ChildProcess, address: str, expected_groups: int, health: bool) -> BenchedServer:

@@ -8,31 +8,41 @@ import pytest
 
 from simulators.common.request_log import RecordedRequest
 from tests.bench import report
-from tests.bench.cluster import bench_scenario
+from tests.bench.cluster import UNMANAGED_POOL, bench_scenario
+
+OURS_AGENT = "ca-externalgrpc-server/0.1.0 cluster-id/c"
+UPSTREAM_AGENT = "user-agent/1.36.1 cluster-id/c"
 
 
-def _request(agent: str, path: str = "/k8s/v1/regions/fr-par/autoscaler/clusters/c/nodes") -> RecordedRequest:
-    return RecordedRequest(at=0.0, method="GET", path=path, route="list_nodes", headers={"user-agent": agent})
+def _request(
+    agent: str, at: float = 0.0, route: str = "list_nodes", page: str = "1", path: str = "/k8s/v1/x"
+) -> RecordedRequest:
+    return RecordedRequest(
+        at=at, method="GET", path=path, route=route, query={"page": page}, headers={"user-agent": agent}
+    )
 
 
 def _target(**overrides: object) -> dict:
     stats = {"ok": 10, "unimplemented": 0, "errors": 0, "first_error": ""}
-    target = {"rpc": {"NodeGroupForNode": dict(stats)}, "unknown_nodes": 0, "groups": 10, "groups_at_zero": 1}
+    target = {"rpc": {"NodeGroupForNode": dict(stats)}, "unknown_nodes": 2, "groups": 10, "groups_at_zero": 1}
     target.update(overrides)
     return target
 
 
-def test_scenario_keeps_the_node_count_and_empties_every_tenth_pool() -> None:
+def test_scenario_keeps_the_node_count_empties_every_tenth_pool_and_adds_a_fixed_pool() -> None:
     pools = bench_scenario(pools=100, nodes=5000)["clusters"][0]["pools"]
-    assert len(pools) == 100
+    autoscaled = [p for p in pools if p.get("autoscaling", True)]
+    fixed = [p for p in pools if not p.get("autoscaling", True)]
+    assert len(autoscaled) == 100
+    assert [p["name"] for p in fixed] == [UNMANAGED_POOL] and fixed[0]["nodes"] == 250
     assert sum(p["nodes"] for p in pools) == 5000
-    assert [i for i, p in enumerate(pools) if p["size"] == 0] == list(range(9, 100, 10))
+    assert [i for i, p in enumerate(autoscaled) if p["size"] == 0] == list(range(9, 100, 10))
     assert all(p["size"] == p["nodes"] and p["min_size"] <= p["size"] <= p["max_size"] for p in pools)
 
 
 def test_scenario_with_one_pool_keeps_it_filled() -> None:
     pools = bench_scenario(pools=1, nodes=7)["clusters"][0]["pools"]
-    assert [p["size"] for p in pools] == [7]
+    assert [p["size"] for p in pools] == [7]  # too small to spare a node for the fixed pool
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -43,23 +53,40 @@ def test_percentile_is_nearest_rank() -> None:
     assert math.isnan(report.percentile([], 50))
 
 
-def test_requests_are_attributed_by_user_agent_and_control_calls_ignored() -> None:
-    counts = report.attribute_requests(
-        [
-            _request("ca-externalgrpc-server/0.1.0 cluster-id/c"),
-            _request("cluster-autoscaler/1.36.1 cluster-id/c"),
-            _request("cluster-autoscaler/1.36.1 cluster-id/c"),
-            _request("curl/8"),
-            _request("ca-externalgrpc-server/0.1.0", path="/_sim/requests"),
+def test_a_servers_requests_are_counted_by_route_and_others_flagged() -> None:
+    requests = [
+        _request(UPSTREAM_AGENT, at=1.0, route="list_pools"),
+        _request(UPSTREAM_AGENT, at=1.1, route="list_nodes"),
+        _request(OURS_AGENT, at=1.2),
+        _request(UPSTREAM_AGENT, at=1.3, path="/_sim/requests"),  # the control API is not the cloud's
+    ]
+    upstream = report.cloud_requests("upstream", requests)
+    assert upstream.by_route == {"GET list_pools": 1, "GET list_nodes": 1}
+    assert upstream.foreign == 1
+    assert report.cloud_requests("ours", requests).total == 1
+
+
+def test_freshness_bounds_the_age_of_answers_by_the_listings() -> None:
+    requests = []
+    for start in (0.0, 30.0, 65.0):  # three listings: pools pages 1 and 2, then two node pages
+        requests += [
+            _request(OURS_AGENT, at=start, route="list_pools", page="1"),
+            _request(OURS_AGENT, at=start + 0.5, route="list_pools", page="2"),
+            _request(OURS_AGENT, at=start + 1.0, route="list_nodes", page="1"),
+            _request(OURS_AGENT, at=start + 2.0, route="list_nodes", page="2"),
         ]
-    )
-    assert sum(counts["ours"].values()) == 1
-    assert sum(counts["upstream"].values()) == 2
-    assert sum(counts["other"].values()) == 1
+    fresh = report.freshness(report.cloud_requests("ours", requests))
+    assert fresh["listings"] == 3
+    assert fresh["requests_per_listing"] == 4
+    assert fresh["requests_per_minute_steady"] == pytest.approx(4 * 60 / 32.5)
+    assert fresh["listing_interval_mean_s"] == pytest.approx(32.5)
+    assert fresh["listing_interval_max_s"] == pytest.approx(35.0)
+    assert fresh["max_answer_age_s"] == pytest.approx(37.0)  # listing 3 ends at 67, listing 2 began at 30
+    assert math.isnan(report.freshness(report.cloud_requests("ours", requests[:4]))["max_answer_age_s"])
 
 
 def test_a_run_with_errors_or_unknown_nodes_is_invalid() -> None:
-    expected = report.Expectation(nodes=10, groups=10, groups_at_zero=1)
+    expected = report.Expectation(nodes=10, groups=10, groups_at_zero=1, unmanaged_nodes=2)
     report.check_target("ours", _target(), expected)  # a clean run passes
     failing = _target()
     failing["rpc"]["NodeGroupForNode"].update(errors=2, first_error="rpc error: code = Unavailable")
@@ -67,15 +94,22 @@ def test_a_run_with_errors_or_unknown_nodes_is_invalid() -> None:
         report.check_target("ours", failing, expected)
     with pytest.raises(report.InvalidRun, match="no node group"):
         report.check_target("ours", _target(unknown_nodes=3), expected)
+    with pytest.raises(report.InvalidRun, match="no node group"):
+        report.check_target("ours", _target(unknown_nodes=0), expected)
     with pytest.raises(report.InvalidRun, match="groups"):
         report.check_target("ours", _target(groups=9), expected)
 
 
-def test_ratios_need_both_servers() -> None:
+def test_ratios_are_against_the_upstream_example() -> None:
     ours = {"loop_median_ms": 30.0, "loop_p95_ms": 40.0, "cloud_requests": 5, "peak_rss_mib": 60.0}
+    ours["freshness"] = {"requests_per_minute_steady": 90.0}
     upstream = {"loop_median_ms": 20.0, "loop_p95_ms": 20.0, "cloud_requests": 10, "peak_rss_mib": 30.0}
+    upstream["freshness"] = {"requests_per_minute_steady": 100.0}
     assert report.compare({"ours": ours}) == {}
-    ratios = report.compare({"ours": ours, "upstream": upstream})
-    assert ratios["loop_ratio"] == pytest.approx(1.5)
-    assert ratios["loop_p95_ratio"] == pytest.approx(2.0)
-    assert ratios["cloud_requests_ratio"] == pytest.approx(0.5)
+    ratios = report.compare({"ours": ours, "floor-aio": ours, "upstream": upstream})
+    assert set(ratios) == {"ours", "floor-aio"}
+    assert ratios["ours"]["loop_ratio"] == pytest.approx(1.5)
+    assert ratios["ours"]["loop_p95_ratio"] == pytest.approx(2.0)
+    assert ratios["ours"]["cloud_requests_ratio"] == pytest.approx(0.5)
+    assert ratios["ours"]["cloud_requests_steady_ratio"] == pytest.approx(0.9)
+    assert ratios["ours"]["peak_rss_ratio"] == pytest.approx(2.0)

@@ -1,11 +1,8 @@
-// Command loadclient replays the Cluster Autoscaler's per-loop externalgrpc call pattern against
-// one or more servers, one call after another as the CA main loop issues them, and writes the
-// timings as JSON. It is driven by tests/bench/run.py; see tests/bench/README.md.
-//
-// One loop is: Refresh, NodeGroups, NodeGroupForNode for every node, NodeGroupGetOptions 3x per
-// node, NodeGroupTargetSize 3x per group, NodeGroupNodes per group, NodeGroupTemplateNodeInfo for
-// every group whose target size is 0. With several -target flags the loops alternate between the
-// targets (A, B, A, B, ...) so that machine drift affects every target alike.
+// Command loadclient replays the Cluster Autoscaler's per-loop externalgrpc call pattern (CA >= 1.35)
+// against one or more servers, one call after another as the CA main loop issues them, and writes
+// the timings as JSON. It is driven by tests/bench/run.py; tests/bench/README.md describes one loop
+// and docs/performance.md the CA functions each call comes from. With several -target flags the
+// loops alternate between the targets (A, B, A, B, ...) so that machine drift affects all alike.
 package main
 
 import (
@@ -55,7 +52,7 @@ type target struct {
 	warmup   []float64
 	loops    []float64
 	calls    []int
-	unknown  int // nodes answered with an empty node-group id
+	unknown  int // nodes answered with an empty node-group id (nodes of no group)
 	groups   int
 	zeroGrps int
 }
@@ -98,7 +95,28 @@ var defaults = &pb.NodeGroupAutoscalingOptions{
 	MaxNodeProvisionDuration:         durationpb.New(15 * time.Minute),
 }
 
-// loop runs one CA loop and returns its wall time and the number of RPCs issued.
+// groupOf answers which node group node i belongs to the way the CA's externalgrpc client does: an
+// answer naming a group is cached until the next Refresh (the client's nodeGroupForNodeCache), an
+// empty answer is not, so every lookup of a node of no group is an RPC.
+func (t *target) groupOf(i int, n *pb.ExternalGrpcNode, cache []string, call callFunc) string {
+	if cache[i] != "" {
+		return cache[i]
+	}
+	_ = call("NodeGroupForNode", func(ctx context.Context) error {
+		r, err := t.client.NodeGroupForNode(ctx, &pb.NodeGroupForNodeRequest{Node: n})
+		if err == nil {
+			cache[i] = r.GetNodeGroup().GetId()
+		}
+		return err
+	})
+	return cache[i]
+}
+
+type callFunc func(rpc string, f func(ctx context.Context) error) error
+
+// loop runs one CA loop and returns its wall time and the number of RPCs issued. The order and the
+// counts follow one RunOnce of CA 1.36.1 in a steady cluster with scale-down enabled; the source
+// functions are named in docs/performance.md ("The call pattern of CA >= 1.35").
 func (t *target) loop(nodes []*pb.ExternalGrpcNode, timeout time.Duration, measure bool) (time.Duration, int) {
 	calls := 0
 	call := func(rpc string, f func(ctx context.Context) error) error {
@@ -114,7 +132,25 @@ func (t *target) loop(nodes []*pb.ExternalGrpcNode, timeout time.Duration, measu
 		return err
 	}
 	c := t.client
+	getOptions := func(id string) {
+		_ = call("NodeGroupGetOptions", func(ctx context.Context) error {
+			_, err := c.NodeGroupGetOptions(ctx, &pb.NodeGroupAutoscalingOptionsRequest{Id: id, Defaults: defaults})
+			return err
+		})
+	}
+	targetSizes := func(groups []*pb.NodeGroup, sizes map[string]int32) {
+		for _, g := range groups {
+			_ = call("NodeGroupTargetSize", func(ctx context.Context) error {
+				r, err := c.NodeGroupTargetSize(ctx, &pb.NodeGroupTargetSizeRequest{Id: g.GetId()})
+				if err == nil && sizes != nil {
+					sizes[g.GetId()] = r.GetTargetSize()
+				}
+				return err
+			})
+		}
+	}
 	start := time.Now()
+	// Refresh empties the client's caches; NodeGroups is then cached for the rest of the loop.
 	_ = call("Refresh", func(ctx context.Context) error {
 		_, err := c.Refresh(ctx, &pb.RefreshRequest{})
 		return err
@@ -127,56 +163,71 @@ func (t *target) loop(nodes []*pb.ExternalGrpcNode, timeout time.Duration, measu
 		}
 		return err
 	})
-	nodeGroup := make([]string, len(nodes))
-	unknown := 0
+	cache := make([]string, len(nodes))
+	// 1. Template node infos: the group of every ready node, then a template for every group none
+	//    of whose nodes could serve as one (here: the groups at size 0).
+	seen := map[string]bool{}
 	for i, n := range nodes {
-		_ = call("NodeGroupForNode", func(ctx context.Context) error {
-			r, err := c.NodeGroupForNode(ctx, &pb.NodeGroupForNodeRequest{Node: n})
-			if err == nil {
-				nodeGroup[i] = r.GetNodeGroup().GetId()
-			}
-			return err
-		})
-		if nodeGroup[i] == "" {
-			unknown++
+		if id := t.groupOf(i, n, cache, call); id != "" {
+			seen[id] = true
 		}
 	}
-	for _, id := range nodeGroup {
-		if id == "" {
-			continue
-		}
-		for k := 0; k < 3; k++ {
-			_ = call("NodeGroupGetOptions", func(ctx context.Context) error {
-				_, err := c.NodeGroupGetOptions(ctx, &pb.NodeGroupAutoscalingOptionsRequest{Id: id, Defaults: defaults})
-				return err
-			})
-		}
-	}
-	zero := 0
 	for _, g := range groups {
-		size := int32(-1)
-		for k := 0; k < 3; k++ {
-			_ = call("NodeGroupTargetSize", func(ctx context.Context) error {
-				r, err := c.NodeGroupTargetSize(ctx, &pb.NodeGroupTargetSizeRequest{Id: g.GetId()})
-				if err == nil {
-					size = r.GetTargetSize()
-				}
-				return err
-			})
-		}
-		_ = call("NodeGroupNodes", func(ctx context.Context) error {
-			_, err := c.NodeGroupNodes(ctx, &pb.NodeGroupNodesRequest{Id: g.GetId()})
-			return err
-		})
-		if size == 0 {
-			zero++
+		if !seen[g.GetId()] {
 			_ = call("NodeGroupTemplateNodeInfo", func(ctx context.Context) error {
 				_, err := c.NodeGroupTemplateNodeInfo(ctx, &pb.NodeGroupTemplateNodeInfoRequest{Id: g.GetId()})
 				return err
 			})
 		}
 	}
+	// 2. Cluster state: target sizes, the cloud's instances, then readiness per node (two group
+	//    lookups for a node of no group; two GetOptions for a node of a group).
+	sizes := map[string]int32{}
+	targetSizes(groups, sizes)
+	for _, g := range groups {
+		_ = call("NodeGroupNodes", func(ctx context.Context) error {
+			_, err := c.NodeGroupNodes(ctx, &pb.NodeGroupNodesRequest{Id: g.GetId()})
+			return err
+		})
+	}
+	for i, n := range nodes {
+		id := t.groupOf(i, n, cache, call)
+		if id != "" {
+			getOptions(id) // readiness of the node's group
+		}
+		if id = t.groupOf(i, n, cache, call); id != "" {
+			getOptions(id) // readiness of the whole cluster
+		}
+	}
+	// 3. Upcoming nodes: target sizes again.
+	targetSizes(groups, nil)
+	// 4. Scale-down: target sizes for the pre-filter, which also looks up every node's group; then
+	//    the eligibility check (two GetOptions) of the candidates, every second node of a group.
+	targetSizes(groups, nil)
+	candidate := 0
+	for i, n := range nodes {
+		id := t.groupOf(i, n, cache, call)
+		if id == "" {
+			continue
+		}
+		if candidate%2 == 0 {
+			getOptions(id) // IgnoreDaemonSetsUtilization
+			getOptions(id) // the scale-down utilization threshold
+		}
+		candidate++
+	}
 	elapsed := time.Since(start)
+	unknown, zero := 0, 0
+	for _, id := range cache {
+		if id == "" {
+			unknown++
+		}
+	}
+	for _, g := range groups {
+		if sizes[g.GetId()] == 0 {
+			zero++
+		}
+	}
 	t.unknown, t.groups, t.zeroGrps = unknown, len(groups), zero
 	return elapsed, calls
 }
