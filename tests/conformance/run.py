@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.certs import Pki, make_pki
+from protos import externalgrpc_pb2 as pb
 from tests.conformance.lab import Endpoint, Lab
 from tests.support import gobuild
 
@@ -33,23 +34,8 @@ CA_RUN_TIMEOUT_SECONDS = 300
 GRPCURL_TIMEOUT_SECONDS = 30
 
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
-RPCS = (
-    "NodeGroups",
-    "NodeGroupForNode",
-    "PricingNodePrice",
-    "PricingPodPrice",
-    "GPULabel",
-    "GetAvailableGPUTypes",
-    "Cleanup",
-    "Refresh",
-    "NodeGroupTargetSize",
-    "NodeGroupIncreaseSize",
-    "NodeGroupDeleteNodes",
-    "NodeGroupDecreaseTargetSize",
-    "NodeGroupNodes",
-    "NodeGroupTemplateNodeInfo",
-    "NodeGroupGetOptions",
-)
+# Every RPC of the service, as our proto (wire-identical to the CA's) declares them.
+RPCS = tuple(pb.DESCRIPTOR.services_by_name["CloudProvider"].methods_by_name)
 
 
 @dataclass(frozen=True)
