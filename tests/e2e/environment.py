@@ -114,7 +114,7 @@ class OurServer:
         for line in self.log_path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
                 record = json.loads(line)
-                if record.get("grpc_method") == method:
+                if record.get("grpcMethod") == method:
                     records.append(record)
         return records
 

@@ -119,7 +119,7 @@ def test_empty_nodes_are_deleted_through_delete_nodes_and_only_they(start_enviro
     # Each went through NodeGroupDeleteNodes, one node a call, answered OK.
     calls = env.ours.rpc_log("NodeGroupDeleteNodes")
     assert sorted(p for c in calls for p in c["nodes"]) == sorted(m["provider_id"] for ms in empty.values() for m in ms)
-    assert all(c["grpc_code"] == "OK" for c in calls), calls
+    assert all(c["grpcCode"] == "OK" for c in calls), calls
     removed = {e.message.split('"')[1] for e in env.ca.log.matching(r"^Scale-down: removing empty node \"")}
     assert removed == empty_names
     assert set(env.nodes()) == {busy["scaleway"]["name"], busy["bizfly"]["name"]}
@@ -161,7 +161,7 @@ def test_ten_empty_nodes_of_one_group_go_in_one_loop(start_environment: StartEnv
     deleted = sorted(r.path.rsplit("/", 1)[-1] for r in env.cloud_requests(cloud, "delete_node"))
     assert deleted == sorted(m["id"] for m in empty)
     calls = env.ours.rpc_log("NodeGroupDeleteNodes")
-    assert len(calls) == 10 and all(c["grpc_code"] == "OK" for c in calls), calls
+    assert len(calls) == 10 and all(c["grpcCode"] == "OK" for c in calls), calls
     assert pool_size(env, cloud, "wide") == 1
     assert [m["id"] for m in machines(env, cloud, "wide")] == [keep["id"]]
     assert not env.events("ScaleDownFailed")
