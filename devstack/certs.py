@@ -31,26 +31,27 @@ class Pki:
     other_client_key: Path
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)] if organization else []
+    return x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+def write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
     path.write_bytes(
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     path.chmod(0o600)
 
 
-def _write_cert(cert: x509.Certificate, path: Path) -> None:
+def write_cert(cert: x509.Certificate, path: Path) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
     now = dt.datetime.now(dt.UTC)
     return (
         x509.CertificateBuilder()
-        .subject_name(_name(subject))
+        .subject_name(subject)
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
@@ -59,10 +60,11 @@ def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublic
     )
 
 
-def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+def new_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A self-signed CA: its key and certificate."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        _builder(common_name, _name(common_name), key.public_key())
+        _builder(_name(common_name), _name(common_name), key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -83,15 +85,17 @@ def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]
     return key, cert
 
 
-def _leaf(
+def new_leaf(
     ca_key: ec.EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
     common_name: str,
     usage: x509.ObjectIdentifier,
     hosts: Sequence[str] = (),
+    organization: str | None = None,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A certificate signed by the CA for ``usage``, with ``hosts`` as SANs (else the common name)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    builder = _builder(common_name, ca_cert.subject, key.public_key()).add_extension(
+    builder = _builder(_name(common_name, organization), ca_cert.subject, key.public_key()).add_extension(
         x509.ExtendedKeyUsage([usage]), critical=False
     )
     names: list[x509.GeneralName] = []
@@ -109,11 +113,15 @@ def _leaf(
 def make_pki(directory: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1")) -> Pki:
     """Write PEM files into ``directory`` and return their paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = _ca("ca-externalgrpc test CA")
-    server_key, server_cert = _leaf(ca_key, ca_cert, "ca-externalgrpc-server", ExtendedKeyUsageOID.SERVER_AUTH, hosts)
-    client_key, client_cert = _leaf(ca_key, ca_cert, "cluster-autoscaler-grpc-client", ExtendedKeyUsageOID.CLIENT_AUTH)
-    other_ca_key, other_ca_cert = _ca("unrelated test CA")
-    other_key, other_cert = _leaf(other_ca_key, other_ca_cert, "stranger", ExtendedKeyUsageOID.CLIENT_AUTH)
+    ca_key, ca_cert = new_ca("ca-externalgrpc test CA")
+    server_key, server_cert = new_leaf(
+        ca_key, ca_cert, "ca-externalgrpc-server", ExtendedKeyUsageOID.SERVER_AUTH, hosts
+    )
+    client_key, client_cert = new_leaf(
+        ca_key, ca_cert, "cluster-autoscaler-grpc-client", ExtendedKeyUsageOID.CLIENT_AUTH
+    )
+    other_ca_key, other_ca_cert = new_ca("unrelated test CA")
+    other_key, other_cert = new_leaf(other_ca_key, other_ca_cert, "stranger", ExtendedKeyUsageOID.CLIENT_AUTH)
     paths = Pki(
         ca_cert=directory / "ca.crt",
         server_cert=directory / "server.crt",
@@ -124,12 +132,12 @@ def make_pki(directory: Path, hosts: Sequence[str] = ("localhost", "127.0.0.1"))
         other_client_cert=directory / "other-client.crt",
         other_client_key=directory / "other-client.key",
     )
-    _write_cert(ca_cert, paths.ca_cert)
-    _write_cert(server_cert, paths.server_cert)
-    _write_key(server_key, paths.server_key)
-    _write_cert(client_cert, paths.client_cert)
-    _write_key(client_key, paths.client_key)
-    _write_cert(other_ca_cert, paths.other_ca_cert)
-    _write_cert(other_cert, paths.other_client_cert)
-    _write_key(other_key, paths.other_client_key)
+    write_cert(ca_cert, paths.ca_cert)
+    write_cert(server_cert, paths.server_cert)
+    write_key(server_key, paths.server_key)
+    write_cert(client_cert, paths.client_cert)
+    write_key(client_key, paths.client_key)
+    write_cert(other_ca_cert, paths.other_ca_cert)
+    write_cert(other_cert, paths.other_client_cert)
+    write_key(other_key, paths.other_client_key)
     return paths

@@ -9,19 +9,17 @@ work folder. Admission plugins that need a controller-manager (ServiceAccount to
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import ssl
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from devstack.certs import new_ca, new_leaf, write_cert, write_key
 from tests.e2e.processes import ManagedProcess, ProcessFailed, free_port
 
 START_ATTEMPTS = 3  # a free port can be taken by another program between choosing and binding it
@@ -45,68 +43,16 @@ class ClusterPki:
     service_account_pub: Path
 
 
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-    path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    path.chmod(0o600)
-
-
-def _certificate(
-    subject: x509.Name,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: x509.Name,
-    signer: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    usage: x509.ObjectIdentifier | None = None,
-    sans: list[x509.GeneralName] | None = None,
-) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    return builder.sign(signer, hashes.SHA256())
-
-
 def make_cluster_pki(directory: Path) -> ClusterPki:
     """A cluster CA, the API server's serving certificate and an admin client certificate (system:masters)."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "e2e cluster CA")])
-    ca_cert = _certificate(ca_name, ca_key, ca_name, ca_key, ca=True)
-    serving_key = ec.generate_private_key(ec.SECP256R1())
-    serving_cert = _certificate(
-        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
-        serving_key,
-        ca_name,
-        ca_key,
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
-        sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    ca_key, ca_cert = new_ca("e2e cluster CA")
+    serving_key, serving_cert = new_leaf(
+        ca_key, ca_cert, "kube-apiserver", ExtendedKeyUsageOID.SERVER_AUTH, ("localhost", "127.0.0.1")
     )
-    admin_key = ec.generate_private_key(ec.SECP256R1())
-    admin_cert = _certificate(
-        x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                x509.NameAttribute(NameOID.COMMON_NAME, "e2e-admin"),
-            ]
-        ),
-        admin_key,
-        ca_name,
-        ca_key,
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    # system:masters: the group kube-apiserver grants everything, so the admin needs no RBAC objects.
+    admin_key, admin_cert = new_leaf(
+        ca_key, ca_cert, "e2e-admin", ExtendedKeyUsageOID.CLIENT_AUTH, organization="system:masters"
     )
     sa_key = ec.generate_private_key(ec.SECP256R1())
     pki = ClusterPki(
@@ -118,12 +64,12 @@ def make_cluster_pki(directory: Path) -> ClusterPki:
         service_account_key=directory / "sa.key",
         service_account_pub=directory / "sa.pub",
     )
-    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    pki.serving_cert.write_bytes(serving_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(serving_key, pki.serving_key)
-    pki.admin_cert.write_bytes(admin_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(admin_key, pki.admin_key)
-    _write_key(sa_key, pki.service_account_key)
+    write_cert(ca_cert, pki.ca_cert)
+    write_cert(serving_cert, pki.serving_cert)
+    write_key(serving_key, pki.serving_key)
+    write_cert(admin_cert, pki.admin_cert)
+    write_key(admin_key, pki.admin_key)
+    write_key(sa_key, pki.service_account_key)
     pki.service_account_pub.write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
