@@ -23,15 +23,15 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A repository with a client module that replaces a shared module locally, and a bench module."""
+    """A repository with a client module that replaces a module of its own repository locally, and a bench module."""
     root = tmp_path / "repo"
     monkeypatch.setattr(gobuild, "REPO", root)
-    write(root / "tests/shared/go.mod", "module example/shared\n")
-    write(root / "tests/shared/shared.go", "package shared\n")
+    write(root / "tests/local/go.mod", "module example/local\n")
+    write(root / "tests/local/local.go", "package local\n")
     write(
         root / "tests/client/go.mod",
         "module example/client\n\nrequire k8s.io/autoscaler/cluster-autoscaler v0.0.0-20260722070747-35e8a280425c\n"
-        "\nreplace example/shared => ../shared\n",
+        "\nreplace example/local => ../local\n",
     )
     write(root / "tests/client/main.go", "package main\n")
     write(root / "tests/client/nested/go.mod", "module example/nested\n")  # another module: not a source
@@ -122,7 +122,7 @@ def test_stamp_follows_module_sources_local_replaces_tags_and_go(repo: Path) -> 
     write(repo / "tests/client/__pycache__/x.pyc", "cache")
     assert gobuild.stamp(client, GO_VERSION) == first
 
-    write(repo / "tests/shared/shared.go", "package shared // changed\n")
+    write(repo / "tests/local/local.go", "package local // changed\n")
     after_replace = gobuild.stamp(client, GO_VERSION)
     assert after_replace != first
 
@@ -136,10 +136,10 @@ def test_stamp_follows_module_sources_local_replaces_tags_and_go(repo: Path) -> 
 
 
 def test_local_replaces_are_followed_transitively(repo: Path) -> None:
-    write(repo / "tests/shared/go.mod", "module example/shared\n\nreplace example/base => ../base\n")
+    write(repo / "tests/local/go.mod", "module example/local\n\nreplace example/base => ../base\n")
     write(repo / "tests/base/go.mod", "module example/base\n")
     assert gobuild.local_replace_dirs(repo / "tests/client") == [
-        (repo / "tests/shared").resolve(),
+        (repo / "tests/local").resolve(),
         (repo / "tests/base").resolve(),
     ]
 
