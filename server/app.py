@@ -23,6 +23,7 @@ from server.clouds import cloud_type
 from server.config import ServerConfig
 from server.decoding import DecodingInterceptor
 from server.group_overrides import UnmatchedOverrideCheck
+from server.kube.integration import KubeFeatures, start_features
 from server.metrics import Metrics
 from server.prewrapped import PrewrappingServer
 from server.probes import HttpEndpoint, Liveness, serve_probes
@@ -129,6 +130,7 @@ class RunningServer:
     liveness: Liveness
     metrics: Metrics
     http: HttpEndpoint | None = None
+    kube: KubeFeatures | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -177,6 +179,8 @@ class RunningServer:
         grace = self.config.shutdown_grace if grace is None else grace
         self.grpc_server.stop(grace).wait(grace + 1)
         self.registry.stop()
+        if self.kube is not None:
+            self.kube.stop()
         if self.http is not None:
             self.http.stop()
         log.info("server stopped")
@@ -230,6 +234,11 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     server.start()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    try:
+        running.kube = start_features(config.kubernetes, registry)
+    except BaseException:
+        running.stop(grace=0)
+        raise
     if start_backends:
         log.info("listening; first sync with the cloud", extra={"address": running.address})
         liveness.watch(registry.backends)

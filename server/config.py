@@ -39,6 +39,7 @@ from providers.config_values import (
 from providers.model import NodeTemplate, Taint
 from providers.scaleway.config import ScalewayConfig
 from server.compat import OptionsOverride
+from server.kube.settings import KubernetesConfig
 from server.node_encoding import is_valid_quantity
 from server.pem_files import ca_bundle_problem, key_pair_problem, unreadable
 
@@ -314,6 +315,7 @@ class ServerConfig(ConfigModel):
     log: LogConfig = LogConfig()
     max_workers: whole_number(1, 256, 16) = 16  # type: ignore[valid-type]
     backends: tuple[BackendConfig, ...] = ()
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
