@@ -2,9 +2,11 @@
 
 There is no kubelet, no controller-manager and no container runtime: the node agent plays the parts of
 those that the cluster-autoscaler depends on (Node objects, their readiness, pod phases). The API server
-authorizes every authenticated request (AlwaysAllow) and authenticates clients by certificates signed by
-a CA generated for the run; everything (certificates, service-account key, etcd data) lives in the run's
-work folder. Admission plugins that need a controller-manager (ServiceAccount tokens) are disabled.
+authenticates clients by certificates signed by a CA generated for the run and authorizes them by RBAC,
+as a real cluster does: the admin certificate is in system:masters, and ``user_kubeconfig`` mints a
+certificate for any other user, who can do only what Roles bound to it allow. Everything (certificates,
+service-account key, etcd data) lives in the run's work folder. Admission plugins that need a
+controller-manager (ServiceAccount tokens) are disabled.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -34,6 +37,7 @@ class ControlPlanePrograms:
 
 @dataclass(frozen=True)
 class ClusterPki:
+    ca_key: Path
     ca_cert: Path
     serving_cert: Path
     serving_key: Path
@@ -56,6 +60,7 @@ def make_cluster_pki(directory: Path) -> ClusterPki:
     )
     sa_key = ec.generate_private_key(ec.SECP256R1())
     pki = ClusterPki(
+        ca_key=directory / "ca.key",
         ca_cert=directory / "ca.crt",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
@@ -65,6 +70,7 @@ def make_cluster_pki(directory: Path) -> ClusterPki:
         service_account_pub=directory / "sa.pub",
     )
     write_cert(ca_cert, pki.ca_cert)
+    write_key(ca_key, pki.ca_key)
     write_cert(serving_cert, pki.serving_cert)
     write_key(serving_key, pki.serving_key)
     write_cert(admin_cert, pki.admin_cert)
@@ -76,15 +82,17 @@ def make_cluster_pki(directory: Path) -> ClusterPki:
     return pki
 
 
-def write_kubeconfig(path: Path, server: str, pki: ClusterPki) -> Path:
+def write_kubeconfig(
+    path: Path, server: str, pki: ClusterPki, cert: Path | None = None, key: Path | None = None
+) -> Path:
+    """A kubeconfig for the admin, or for the user of the client certificate ``cert``/``key``."""
+    user = {"client-certificate": str(cert or pki.admin_cert), "client-key": str(key or pki.admin_key)}
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}],
-        "users": [
-            {"name": "admin", "user": {"client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}
-        ],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "admin"}}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "user"}}],
         "current-context": "e2e",
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -94,8 +102,9 @@ def write_kubeconfig(path: Path, server: str, pki: ClusterPki) -> Path:
 class ControlPlane:
     """etcd + kube-apiserver + kube-scheduler, started in that order, stopped in reverse."""
 
-    def __init__(self, programs: ControlPlanePrograms, workdir: Path) -> None:
+    def __init__(self, programs: ControlPlanePrograms, workdir: Path, scheduler: bool = True) -> None:
         self.programs = programs
+        self.with_scheduler = scheduler
         self.workdir = workdir
         self.pki = make_cluster_pki(workdir / "pki")
         self.etcd: ManagedProcess | None = None
@@ -109,7 +118,8 @@ class ControlPlane:
             etcd_url = self._start_etcd()
             self._start_apiserver(etcd_url)
             write_kubeconfig(self.kubeconfig, self.server_url, self.pki)
-            self._start_scheduler()
+            if self.with_scheduler:
+                self._start_scheduler()
         except BaseException:
             self.stop()
             raise
@@ -162,7 +172,7 @@ class ControlPlane:
                     f"--tls-cert-file={pki.serving_cert}",
                     f"--tls-private-key-file={pki.serving_key}",
                     f"--client-ca-file={pki.ca_cert}",
-                    "--authorization-mode=AlwaysAllow",
+                    "--authorization-mode=RBAC",
                     "--service-account-issuer=https://kubernetes.default.svc",
                     f"--service-account-key-file={pki.service_account_pub}",
                     f"--service-account-signing-key-file={pki.service_account_key}",
@@ -198,6 +208,19 @@ class ControlPlane:
         ).start()
         # The scheduler serves nothing here; give it a moment to fail on a bad flag before going on.
         self.scheduler.wait_until(lambda: True, 5, "started")
+
+    def user_kubeconfig(self, user: str, group: str | None = None) -> Path:
+        """A kubeconfig for a new client certificate of ``user`` (in ``group``): what RBAC grants it, no more."""
+        directory = self.workdir / "users"
+        directory.mkdir(parents=True, exist_ok=True)
+        ca_key = serialization.load_pem_private_key(self.pki.ca_key.read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate(self.pki.ca_cert.read_bytes())
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        key, cert = new_leaf(ca_key, ca_cert, user, ExtendedKeyUsageOID.CLIENT_AUTH, organization=group)
+        cert_path, key_path = directory / f"{user}.crt", directory / f"{user}.key"
+        write_cert(cert, cert_path)
+        write_key(key, key_path)
+        return write_kubeconfig(directory / f"{user}.kubeconfig", self.server_url, self.pki, cert_path, key_path)
 
     def _https_ok(self, path: str) -> bool:
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))

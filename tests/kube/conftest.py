@@ -1,0 +1,47 @@
+"""A real kube-apiserver and etcd (no scheduler, no kubelet) shared by the tests of the Kubernetes features.
+
+The programs come from the Go build step (``make build``, the e2e group). The API server authorizes by
+RBAC, so a test can give our server a user of its own (``control_plane.user_kubeconfig``), bind it to
+exactly the rules the deployment ships, and see the feature work with those and no more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client, config
+
+from tests.e2e.conftest import resolve_programs
+from tests.e2e.control_plane import ControlPlane
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(resolve_programs().control_plane, tmp_path_factory.mktemp("kube"), scheduler=False).start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def admin_api(plane: ControlPlane) -> client.ApiClient:
+    return config.new_client_from_config(config_file=str(plane.kubeconfig))
+
+
+@pytest.fixture
+def admin(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    api = admin_api(control_plane)
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def namespace(admin: client.ApiClient, request: pytest.FixtureRequest) -> str:
+    """A namespace of the test's own, so tests never see each other's Leases, ConfigMaps or Events."""
+    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    core = client.CoreV1Api(admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    return name
