@@ -20,6 +20,7 @@ Changes this server made are overlaid on the snapshot until a listing that certa
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from providers.errors import (
     SizeLimitExceeded,
 )
 from providers.group_book import GroupBook, Intent
+from providers.http_transport import change_waiting
 from providers.model import CloudListing, GroupState, Instance, InstanceState, NodeRef, NodeTemplate
 from providers.single_flight import Flight, SingleFlight
 
@@ -378,6 +380,7 @@ class Backend:
     def _snapshot_target(self, group_id: str) -> int:
         return self.group(group_id).target_size
 
+    @change_waiting()
     def increase_size(self, group_id: str, delta: int, deadline: Deadline) -> int:
         if delta <= 0:
             raise InvalidDelta(f"size increase must be positive, got delta={delta}")
@@ -409,6 +412,7 @@ class Backend:
             self._write_size(book, group, desired, deadline, remember_intent=True)
             return desired
 
+    @change_waiting()
     def decrease_target_size(self, group_id: str, delta: int, deadline: Deadline) -> int:
         if delta >= 0:
             raise InvalidDelta(f"size decrease must be negative, got delta={delta}")
@@ -561,6 +565,7 @@ class Backend:
         )
 
     # ------------------------------------------------------------------ deletions
+    @change_waiting()
     def delete_nodes(self, group_id: str, nodes: list[NodeRef], deadline: Deadline) -> int:
         """Delete the named machines of the group; OK only for those the cloud accepted or shows gone."""
         work = self._validate_deletion(group_id, nodes)
@@ -658,7 +663,8 @@ class Backend:
                     DELETE_PARALLELISM, thread_name_prefix=f"delete-{self.name}"
                 )
             pool = self._deleter
-        futures = [pool.submit(one, inst, node) for inst, node in to_send]
+        # Each in a copy of this call's context: the DELETEs are a change the CA waits for (change_waiting).
+        futures = [pool.submit(contextvars.copy_context().run, one, inst, node) for inst, node in to_send]
         # Each DELETE is bounded by the deadline, so waiting for all of them is bounded too.
         return [future.result() for future in futures]
 

@@ -20,6 +20,8 @@ may have been applied, and the backend reads the cloud back before answering or 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as dt
 import email.utils
 import json
@@ -27,7 +29,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -126,6 +128,26 @@ def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -
     return max(when.timestamp() - now(), 0.0)
 
 
+_CHANGE_WAITS = contextvars.ContextVar("change_waits", default=False)
+
+
+@contextlib.contextmanager
+def change_waiting() -> Iterator[None]:
+    """Within this block, a request to a cloud whose breaker is open is sent as the breaker's probe at once.
+
+    A size change or deletion the CA is waiting for would otherwise be refused until ``reset_after``
+    has passed, and the CA answers a failed scale-up by backing the group off for minutes, long after
+    the cloud is back. Sending it as the probe is safe: a probe is a single attempt, an unclear
+    answer to a write is read back like any other, and while the cloud is still down such a call costs
+    its own requests (one attempt each) while listings keep failing fast.
+    """
+    token = _CHANGE_WAITS.set(True)
+    try:
+        yield
+    finally:
+        _CHANGE_WAITS.reset(token)
+
+
 class _Breaker:
     """Consecutive-failure circuit breaker; thread-safe. Only one probe runs while half-open."""
 
@@ -146,16 +168,20 @@ class _Breaker:
                 return HALF_OPEN
             return self._state
 
-    def admit(self) -> tuple[bool, bool, float]:
-        """(admitted, is_probe, seconds until the next probe is allowed)."""
+    def admit(self, urgent: bool = False) -> tuple[bool, bool, float]:
+        """(admitted, is_probe, seconds until the next probe is allowed); ``urgent``: probe before reset_after."""
         changed = None
         with self._lock:
             if self._state == CLOSED:
                 return True, False, 0.0
             waited = self._clock() - self._opened_at
-            if self._state == OPEN and waited >= self._settings.reset_after:
+            if self._state == OPEN and (urgent or waited >= self._settings.reset_after):
                 self._state = changed = HALF_OPEN
-            if self._state == HALF_OPEN and not self._probe_in_flight:
+            if urgent:
+                # Not limited to one in flight: a change's requests may run side by side (a Bizfly
+                # read-back is two GETs, a scale-down many DELETEs), each a single attempt.
+                admitted = (True, True, 0.0)
+            elif self._state == HALF_OPEN and not self._probe_in_flight:
                 self._probe_in_flight = True
                 admitted = (True, True, 0.0)
             else:
@@ -296,7 +322,7 @@ class HttpTransport:
             idempotent = method in _IDEMPOTENT_METHODS
         if changes_cloud is None:
             changes_cloud = method in _WRITE_METHODS
-        admitted, probe, wait = self._breaker.admit()
+        admitted, probe, wait = self._breaker.admit(urgent=_CHANGE_WAITS.get())
         if not admitted:
             raise CloudUnavailable(
                 f"{self.api} API calls are suspended for {wait:.0f}s more after repeated failures "

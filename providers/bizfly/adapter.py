@@ -20,6 +20,7 @@ typed errors, never a crash; providerIDs are matched through the Backend's dict,
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import logging
 import threading
 from collections.abc import Mapping
@@ -105,7 +106,8 @@ class BizflyAdapter(CloudAdapter):
 
     def read_group(self, group_id: str, deadline: Deadline) -> GroupState:
         # Both reads are needed (min/max live in the cluster GET): run them side by side.
-        pool_future = self._pool.submit(self._pool_or_none, group_id, deadline)
+        # In this call's context: a read for a size change may be its API's breaker probe (change_waiting).
+        pool_future = self._pool.submit(contextvars.copy_context().run, self._pool_or_none, group_id, deadline)
         cluster = self._cluster(deadline)
         pool = pool_future.result()
         entry = next((e for e in self._pool_entries(cluster) if str(e.get("id") or "") == group_id), None)

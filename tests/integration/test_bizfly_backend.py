@@ -684,6 +684,20 @@ def test_a_dead_api_opens_the_breaker_and_fails_fast(make: Any) -> None:
     assert "open" in backend.adapter.health_detail()
 
 
+def test_after_an_outage_a_size_change_is_the_breakers_probe_instead_of_failing_fast(make: Any) -> None:
+    sim, backend = make(client_kwargs={"breaker": BreakerSettings(failure_threshold=2, reset_after=60)})
+    sync(backend)
+    sim.faults.add(Fault(route=ROUTE_GET_CLUSTER, status=502))
+    for _ in range(2):
+        with pytest.raises(CloudUnavailable):
+            sync(backend)
+    sim.faults.clear()
+    target = backend.target_size(POOL)
+    # Its read-back of the group (the cluster and the pool, side by side) and the write go through at once.
+    assert backend.increase_size(POOL, 1, soon()) == target + 1
+    assert sim.requests.filter(route=ROUTE_UPDATE_POOL)[-1].body == {"desired_size": target + 1}
+
+
 # ================================================================== the scenarios of the CA's own Bizfly provider tests
 def test_upstream_target_size(make: Any) -> None:
     _, backend = make(scenario(pool(desired_size=3)))
