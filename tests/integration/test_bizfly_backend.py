@@ -669,13 +669,19 @@ def test_secrets_never_appear_in_error_messages(make: Any) -> None:
     assert token not in str(err.value) and PASSWORD not in str(err.value)
 
 
-def test_a_dead_api_opens_the_breaker_and_fails_fast(make: Any) -> None:
+def open_the_breaker(make: Any) -> tuple[Any, Backend]:
+    """A synced backend whose Bizfly breaker two failed listings (the cluster GET answering 502) opened."""
     sim, backend = make(client_kwargs={"breaker": BreakerSettings(failure_threshold=2, reset_after=60)})
     sync(backend)
     sim.faults.add(Fault(route=ROUTE_GET_CLUSTER, status=502))
     for _ in range(2):
         with pytest.raises(CloudUnavailable):
             sync(backend)
+    return sim, backend
+
+
+def test_a_dead_api_opens_the_breaker_and_fails_fast(make: Any) -> None:
+    sim, backend = open_the_breaker(make)
     before = logged(sim, 1 + 2 * FAST_RETRY.attempts, ROUTE_GET_CLUSTER)
     with pytest.raises(CloudUnavailable) as err:
         sync(backend)
@@ -685,12 +691,7 @@ def test_a_dead_api_opens_the_breaker_and_fails_fast(make: Any) -> None:
 
 
 def test_after_an_outage_a_size_change_is_the_breakers_probe_instead_of_failing_fast(make: Any) -> None:
-    sim, backend = make(client_kwargs={"breaker": BreakerSettings(failure_threshold=2, reset_after=60)})
-    sync(backend)
-    sim.faults.add(Fault(route=ROUTE_GET_CLUSTER, status=502))
-    for _ in range(2):
-        with pytest.raises(CloudUnavailable):
-            sync(backend)
+    sim, backend = open_the_breaker(make)
     sim.faults.clear()
     target = backend.target_size(POOL)
     # Its read-back of the group (the cluster and the pool, side by side) and the write go through at once.

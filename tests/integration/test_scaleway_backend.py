@@ -588,9 +588,8 @@ def test_breaker_opens_after_repeated_failures_and_reports_it(sim):
         adapter.close()
 
 
-def test_after_an_outage_a_size_change_is_the_breakers_probe_instead_of_failing_fast(sim, backends):
-    """The CA backs a group off for minutes after a failed scale-up: one asked as the cloud comes back
-    must not be refused for the rest of the breaker's reset time."""
+def backend_with_open_breaker(sim: ScalewaySimulator, backends: list[Backend], route: str) -> Backend:
+    """A synced backend whose Scaleway breaker was opened by two failed listings (``route`` answering 503)."""
     adapter = ScalewayAdapter(
         ScalewayConfig(cluster_id=sim.cluster_id, secret_key=SECRET, api_url=sim.url, request_timeout=2.0),
         retry=RetryPolicy(attempts=1),
@@ -599,32 +598,28 @@ def test_after_an_outage_a_size_change_is_the_breakers_probe_instead_of_failing_
     backend = Backend("scw-test", adapter, SyncSettings(min_interval=0.0))
     backends.append(backend)
     backend.sync(deadline())
-    sim.inject(Fault(route="list_pools", status=503))
+    sim.inject(Fault(route=route, status=503))
     for _ in range(2):
         with pytest.raises(CloudUnavailable):
             backend.sync(deadline())
+    return backend
+
+
+def test_after_an_outage_a_size_change_is_the_breakers_probe_instead_of_failing_fast(sim, backends):
+    """The CA backs a group off for minutes after a failed scale-up: one asked as the cloud comes back
+    must not be refused for the rest of the breaker's reset time."""
+    backend = backend_with_open_breaker(sim, backends, "list_pools")
     with pytest.raises(CloudUnavailable, match="circuit breaker open"):
         backend.sync(deadline())  # a listing still fails fast: the cloud is not hammered
     sim.faults.clear()
     target = backend.target_size(P1)
     assert backend.increase_size(P1, 1, deadline()) == target + 1
     assert sim.pool(P1).size == target + 1
-    assert adapter.client.transport.breaker_state == "closed"
+    assert backend.adapter.client.transport.breaker_state == "closed"
 
 
 def test_while_the_cloud_is_still_down_a_size_change_probes_once_and_fails_fast_after(sim, backends):
-    adapter = ScalewayAdapter(
-        ScalewayConfig(cluster_id=sim.cluster_id, secret_key=SECRET, api_url=sim.url, request_timeout=2.0),
-        retry=RetryPolicy(attempts=1),
-        breaker=BreakerSettings(failure_threshold=2, reset_after=60),
-    )
-    backend = Backend("scw-test", adapter, SyncSettings(min_interval=0.0))
-    backends.append(backend)
-    backend.sync(deadline())
-    sim.inject(Fault(route="*", status=503))
-    for _ in range(2):
-        with pytest.raises(CloudUnavailable):
-            backend.sync(deadline())
+    backend = backend_with_open_breaker(sim, backends, "*")
     sent = len(sim.requests.all())
     with pytest.raises(DomainError):
         backend.increase_size(P1, 1, deadline())
