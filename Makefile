@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install protos protos-check run build test unit integration conformance e2e lint typecheck bench soak clean image deploy-check
+.PHONY: install protos protos-check run build test unit integration conformance e2e kube lint typecheck bench soak clean image deploy-check
 
 # Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
 # prints (a folder named like the package may shadow it) is filtered out; errors still show.
@@ -69,6 +69,12 @@ E2E_STEADY_SECONDS ?= 180
 e2e: GO_BUILD_GROUPS = e2e
 e2e: build
 	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS)
+
+# The optional Kubernetes features (leader election, journal, learned templates, Events) against a real
+# kube-apiserver and etcd that authorize by RBAC (tests/kube). make test runs them too.
+kube: GO_BUILD_GROUPS = e2e
+kube: build
+	$(PY) -m pytest -q tests/kube
 
 test: build
 	$(PY) -m pytest -q tests
