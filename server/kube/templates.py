@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from providers.backend import Backend
+from providers.bizfly.templates import PER_NODE_LABELS as BIZFLY_PER_NODE_LABELS
 from providers.model import LearnedTemplate, NodeTemplate, Taint
 from providers.registry import Registry
+from providers.scaleway.templates import NODE_SPECIFIC_LABELS as SCALEWAY_PER_NODE_LABELS
 from server.kube.client import KubeConnection
 from server.kube.settings import LearnedTemplatesConfig
 from server.node_encoding import is_valid_quantity
@@ -48,19 +50,10 @@ HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_GONE = 410
 
-# Labels that name one machine, never its group: the node's own name, the cloud's ids of that server.
+# Labels that name one machine, never its group: the node's own name, and the per-machine labels each
+# cloud package already keeps out of its templates (Bizfly's node and server ids, Kapsule's node id).
 PER_NODE_LABELS = frozenset(
-    {
-        "kubernetes.io/hostname",  # the node's name
-        "node.kubernetes.io/instance-id",
-        "bke.bizflycloud.vn/node-id",  # Bizfly: the pool node's id, its server's id and name
-        "bke.bizflycloud.vn/physical-id",
-        "bke.bizflycloud.vn/node-name",
-        "k8s.scaleway.com/node",  # Kapsule: the node's id and name
-        "k8s.scaleway.com/node-name",
-        "k8s.scw.cloud/node-public-ip",  # Kapsule: addresses of the one machine
-        "k8s.scw.cloud/node-private-ip",
-    }
+    {"kubernetes.io/hostname", "node.kubernetes.io/instance-id"} | BIZFLY_PER_NODE_LABELS | SCALEWAY_PER_NODE_LABELS
 )
 # Taints that come and go with a node's condition or with the autoscaler's own work, never with the group.
 TRANSIENT_TAINTS = frozenset(
@@ -453,7 +446,14 @@ class TemplateLearner:
         with self._lock:
             ours = {gid: encode_learned(rec) for gid, rec in self._records.get(backend_name, {}).items()}
             self._dirty.discard(backend_name)  # a change from now on makes it dirty again
-        wanted = {**stored, **{gid: text for gid, text in ours.items() if _CONFIGMAP_KEY.match(gid)}}
+        unstorable = sorted(gid for gid in ours if not _CONFIGMAP_KEY.match(gid))
+        if unstorable:
+            # Served from memory all the same; only a restart loses them.
+            log.warning(
+                "learned templates: node group ids that cannot be ConfigMap keys are not stored",
+                extra={"backend": backend_name, "node_groups": unstorable[:10]},
+            )
+        wanted = {**stored, **{gid: text for gid, text in ours.items() if gid not in unstorable}}
         if existing is not None and wanted == stored:
             return True
         if existing is None and not wanted:
