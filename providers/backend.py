@@ -376,7 +376,10 @@ class Backend:
 
     def template_source(self, group_id: str) -> str:
         """Where ``template(group_id)`` comes from, for humans: override, learned from a node, cloud."""
-        return self._template_and_source(group_id)[1]
+        try:
+            return self._template_and_source(group_id)[1]
+        except NodeGroupNotFound:  # gone with a listing swapped in since the caller saw it
+            return "none"
 
     def _template_and_source(self, group_id: str) -> tuple[NodeTemplate | None, str]:
         """Config override > learned from a real node > the cloud's description; override keys win per key."""
