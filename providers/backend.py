@@ -43,7 +43,15 @@ from providers.errors import (
 )
 from providers.group_book import GroupBook, Intent
 from providers.http_transport import change_waiting
-from providers.model import CloudListing, GroupState, Instance, InstanceState, NodeRef, NodeTemplate
+from providers.model import (
+    CloudListing,
+    GroupState,
+    Instance,
+    InstanceState,
+    LearnedTemplate,
+    NodeRef,
+    NodeTemplate,
+)
 from providers.single_flight import Flight, SingleFlight
 
 log = logging.getLogger(__name__)
@@ -127,6 +135,10 @@ class Backend:
         self._snapshot = Snapshot.empty()
         self._books: dict[str, GroupBook] = {}
         self._observed_labels: dict[str, Mapping[str, str]] = {}
+        self._learned: dict[str, LearnedTemplate] = {}  # group id -> template of its last real Ready node
+        self._learned_generation = 0  # bumped on every change of _learned (part of template_key)
+        # group id -> (template_key, template, source): the last answer of _template_and_source
+        self._templates: dict[str, tuple[object, NodeTemplate | None, str]] = {}
         self._state_lock = threading.Lock()  # guards the fields below and _books; never held over I/O
         self._listing: SingleFlight[Snapshot] = SingleFlight(self._list_and_swap, clock, f"sync-{name}")
         self._wake = threading.Event()
@@ -347,16 +359,62 @@ class Backend:
         self._observed_labels[group_id] = dict(labels)
         return True
 
-    def template(self, group_id: str) -> NodeTemplate | None:
-        group = self.group(group_id)
-        template = self.adapter.template(group, self._observed_labels.get(group_id))
-        override = self._template_overrides.get(group_id)
-        return override(template) if override is not None else template
+    def set_learned_template(self, group_id: str, learned: LearnedTemplate | None) -> None:
+        """The hook of learned templates (server/kube/templates.py): the last real Ready node's template."""
+        with self._state_lock:
+            if self._learned.get(group_id) == learned:
+                return
+            if learned is None:
+                self._learned.pop(group_id, None)
+            else:
+                self._learned[group_id] = learned
+            self._learned_generation += 1
 
-    def template_key(self, group_id: str) -> tuple[int, int]:
-        """Changes whenever ``template(group_id)`` may change: snapshot version and observed labels."""
+    def learned_template(self, group_id: str) -> LearnedTemplate | None:
+        return self._learned.get(group_id)
+
+    def template(self, group_id: str) -> NodeTemplate | None:
+        return self._template_and_source(group_id)[0]
+
+    def template_source(self, group_id: str) -> str:
+        """Where ``template(group_id)`` comes from, for humans: override, learned from a node, cloud."""
+        try:
+            return self._template_and_source(group_id)[1]
+        except NodeGroupNotFound:  # gone with a listing swapped in since the caller saw it
+            return "none"
+
+    def _template_and_source(self, group_id: str) -> tuple[NodeTemplate | None, str]:
+        """Config override > learned from a real node > the cloud's description; override keys win per key."""
+        key = self.template_key(group_id)
+        cached = self._templates.get(group_id)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        group = self.group(group_id)
+        cloud = self.adapter.template(group, self._observed_labels.get(group_id))
+        learned = self._learned.get(group_id)
+        if learned is not None and _machine_type_changed(learned.template, cloud):
+            # The pool now makes another machine type: the last node no longer describes a new one.
+            learned = None
+        base, source = (learned.template, learned.source) if learned is not None else (cloud, "cloud")
+        override = self._template_overrides.get(group_id)
+        if override is not None:
+            template = override(base)
+            source = f"override over {source}" if base is not None else "override"
+        else:
+            template = base
+        if template is None:
+            source = "none"
+        self._templates[group_id] = (key, template, source)
+        return template, source
+
+    def template_key(self, group_id: str) -> tuple[int, int, int]:
+        """Changes whenever ``template(group_id)`` may change: snapshot version, observed labels, learned."""
         observed = self._observed_labels.get(group_id)
-        return (self._snapshot.version, hash(tuple(sorted(observed.items()))) if observed else 0)
+        return (
+            self._snapshot.version,
+            hash(tuple(sorted(observed.items()))) if observed else 0,
+            self._learned_generation,
+        )
 
     def check_fresh_enough(self) -> None:
         """The isolation rule for Refresh: raise CloudUnavailable only when this backend serves groups
@@ -747,3 +805,14 @@ class Backend:
             for inst in unknown
             if (seen := snapshot.instances_by_id.get(inst.id)) is not None and seen.state != InstanceState.DELETING
         ]
+
+
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def _machine_type_changed(learned: NodeTemplate, cloud: NodeTemplate | None) -> bool:
+    """The cloud now names another instance type for the group than the learned node carried."""
+    if cloud is None:
+        return False
+    now, then = cloud.labels.get(INSTANCE_TYPE_LABEL), learned.labels.get(INSTANCE_TYPE_LABEL)
+    return bool(now and then and now != then)

@@ -66,6 +66,19 @@ class NodeTemplate:
 
 
 @dataclass(frozen=True, slots=True)
+class LearnedTemplate:
+    """A template recorded from a real Ready node of the group (server/kube/templates.py learns them)."""
+
+    template: NodeTemplate
+    node_name: str
+    learned_at: str  # UTC, RFC 3339 to the second: when this content was first seen
+
+    @property
+    def source(self) -> str:
+        return f"learned from node {self.node_name} at {self.learned_at}"
+
+
+@dataclass(frozen=True, slots=True)
 class GroupState:
     """A node group as the cloud reports it at one moment."""
 

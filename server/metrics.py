@@ -166,6 +166,13 @@ class Metrics:
             ("backend", "node_group", "action", "result"),
             registry=r,
         )
+        self.kube_api_errors = Counter(
+            PREFIX + "kube_api_errors_total",
+            "Failed calls to the Kubernetes API server by an optional Kubernetes feature (it degrades, the "
+            "autoscaling goes on).",
+            ("feature", "operation"),
+            registry=r,
+        )
         self._snapshots = _SnapshotCollector()
         r.register(self._snapshots)
         self._groups: dict[str, set[str]] = {}
@@ -253,6 +260,10 @@ class Metrics:
         """Hook for ``CloudProviderService(on_scale_action=...)``; ``backend`` is a Backend or a name."""
         name = backend if isinstance(backend, str) else backend.name
         self.scale_actions.labels(name, node_group, action, result).inc()
+
+    def kube_api_error(self, feature: str, operation: str) -> None:
+        """Hook for the Kubernetes features (server/kube/): one failed API call."""
+        self.kube_api_errors.labels(feature, operation).inc()
 
     # ------------------------------------------------------------------ exposition
     def exposition(self) -> bytes:

@@ -51,8 +51,14 @@ def _instance_pb(inst: Instance) -> pb.Instance:
     return pb.Instance(id=inst.id, status=status)
 
 
-def _group_pb(group: GroupState) -> pb.NodeGroup:
-    return pb.NodeGroup(id=group.id, minSize=group.min_size, maxSize=group.max_size, debug=group.debug[:512])
+MAX_DEBUG = 512
+
+
+def _group_pb(group: GroupState, template_source: str) -> pb.NodeGroup:
+    # The template's source goes last and always survives the cut (``status`` reads it from there).
+    suffix = f" template={template_source}"
+    debug = group.debug[: MAX_DEBUG - len(suffix)] + suffix
+    return pb.NodeGroup(id=group.id, minSize=group.min_size, maxSize=group.max_size, debug=debug)
 
 
 def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -129,7 +135,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self.registry = registry
         self.options = dict(options or {})
         self.on_scale_action = on_scale_action
-        self._group_msgs: dict[str, tuple[int, pb.NodeGroupForNodeResponse]] = {}
+        self._group_msgs: dict[str, tuple[object, pb.NodeGroupForNodeResponse]] = {}
         self._nodes_msgs: dict[str, tuple[object, pb.NodeGroupNodesResponse]] = {}
         self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
         self._observed: dict[str, int] = {}
@@ -154,7 +160,9 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     # --------------------------------------------------------------- cloud-provider level
     @rpc()
     def NodeGroups(self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext) -> pb.NodeGroupsResponse:
-        return pb.NodeGroupsResponse(nodeGroups=[_group_pb(g) for _, g in self.registry.all_groups()])
+        return pb.NodeGroupsResponse(
+            nodeGroups=[_group_pb(g, b.template_source(g.id)) for b, g in self.registry.all_groups()]
+        )
 
     @rpc()
     def NodeGroupForNode(
@@ -166,9 +174,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
             return _UNMANAGED
         backend, gid = found
         version = backend.snapshot.version
+        key = backend.template_key(gid)  # the debug string names the template's source
         cached = self._group_msgs.get(gid)
-        if cached is None or cached[0] != version:
-            cached = (version, pb.NodeGroupForNodeResponse(nodeGroup=_group_pb(backend.group(gid))))
+        if cached is None or cached[0] != key:
+            group_pb = _group_pb(backend.group(gid), backend.template_source(gid))
+            cached = (key, pb.NodeGroupForNodeResponse(nodeGroup=group_pb))
             self._group_msgs[gid] = cached
         if node.labels and self._observed.get(gid) != version:
             # A real node of this group: remember its labels for scale-from-zero templates.

@@ -63,6 +63,7 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
                 "errors": errors,
                 "backend": _field(group.debug, "backend") or "?",
                 "snapshot_age": _age(group.debug),
+                "template": _template_source(group.debug),
                 "debug": _strip_known(group.debug),
             }
         )
@@ -97,7 +98,18 @@ def _age(debug: str) -> str:
     return f"{max((dt.datetime.now(dt.UTC) - at).total_seconds(), 0):.0f}s"
 
 
+TEMPLATE_MARK = " template="
+
+
+def _template_source(debug: str) -> str:
+    """Where the group's scale-from-zero template comes from: the server puts it last in the debug string
+    (``override``, ``learned from node <name> at <time>``, ``cloud``, ``override over ...`` or ``none``)."""
+    _, found, source = debug.rpartition(TEMPLATE_MARK)
+    return source.strip() if found else "?"
+
+
 def _strip_known(debug: str) -> str:
+    debug = debug.rpartition(TEMPLATE_MARK)[0] if TEMPLATE_MARK in debug else debug
     return " ".join(w for w in debug.split() if not w.startswith(("backend=", "synced="))) or "-"
 
 
@@ -127,6 +139,7 @@ def render(rows: list[dict[str, object]], backends: list[tuple[str, str]]) -> st
         "deleting",
         "errors",
         "snapshot_age",
+        "template",
         "debug",
     ]
     table = [[str(row.get(c, 0)) for c in cols] for row in rows]

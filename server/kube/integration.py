@@ -30,8 +30,12 @@ class KubeFeatures:
         self.connection.close()
 
 
-def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatures | None:
-    """None when no feature is on (the ``kubernetes`` client is then never imported)."""
+def start_features(
+    settings: KubernetesConfig, registry: Registry, on_api_error: Callable[[str, str], None] | None = None
+) -> KubeFeatures | None:
+    """None when no feature is on (the ``kubernetes`` client is then never imported).
+
+    ``on_api_error(feature, operation)`` counts a failed API call (``Metrics.kube_api_error``)."""
     if not settings.any_enabled:
         return None
     features = KubeFeatures(connect(settings))
@@ -39,4 +43,13 @@ def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatur
         "Kubernetes features on",
         extra={"namespace": features.connection.namespace, "identity": features.connection.identity},
     )
+    try:
+        if settings.learned_templates.enabled:
+            from server.kube.templates import start_learning
+
+            learner = start_learning(features.connection, registry, settings.learned_templates, on_api_error)
+            features.stoppers.append(learner.stop)
+    except BaseException:
+        features.stop()
+        raise
     return features

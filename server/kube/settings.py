@@ -46,7 +46,10 @@ class LearnedTemplatesConfig(ConfigModel):
     """Templates for scale-from-zero learned from the Node objects of each group's real nodes."""
 
     enabled: Flag = False
+    # One ConfigMap per backend: <configmap_prefix>-<backend name>, one key per node group.
     configmap_prefix: str = "ca-externalgrpc-templates"
+    # A backend's ConfigMap is written at most this often (a rolling node upgrade changes many nodes).
+    min_write_interval: duration(0, 3600) = 30.0  # type: ignore[valid-type]
     _name = field_validator("configmap_prefix", mode="before")(kube_object_name)
 
 

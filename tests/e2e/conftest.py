@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,8 +105,9 @@ def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[
         layout: Layout,
         ca_flags: dict[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
+        kubernetes_features: dict[str, Any] | None = None,
     ) -> E2EEnvironment:
-        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare)
+        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare, kubernetes_features)
         started.append(env)
         return env.start()
 

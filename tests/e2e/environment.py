@@ -162,8 +162,11 @@ class E2EEnvironment:
         layout: Layout,
         ca_flags: Mapping[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
+        kubernetes_features: Mapping[str, Any] | None = None,
     ) -> None:
         self.prepare = prepare
+        # The server config's ``kubernetes:`` features; the server then talks to this cluster's API server.
+        self.kubernetes_features = dict(kubernetes_features or {})
         self.programs = programs
         self.workdir = workdir
         self.layout = layout
@@ -196,8 +199,15 @@ class E2EEnvironment:
             scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
             bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
         ]
-        self.server = OurServer(server_config(backends), self.workdir)
-        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+        if self.kubernetes_features:
+            # The server's Kubernetes features need the API server up when it starts.
+            self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+            connection = {"kubeconfig": str(self.control_plane.kubeconfig), "namespace": "kube-system"}
+            config = server_config(backends, kubernetes={**connection, **self.kubernetes_features})
+            self.server = OurServer(config, self.workdir)
+        else:
+            self.server = OurServer(server_config(backends), self.workdir)
+            self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         self.agent = NodeAgent(self.api, [scaleway_source(self.scaleway.url), bizfly_source(self.bizfly.url)]).start()
         self.wait_for(self._machines_registered, 30, "the running machines registered as Ready nodes")

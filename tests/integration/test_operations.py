@@ -210,7 +210,8 @@ def test_status_command_prints_groups_sizes_and_backend_health(worked):
     assert header.split()[:6] == ["ID", "BACKEND", "MIN", "MAX", "TARGET", "INSTANCES"]
     general = next(r for r in rows if r.startswith(GENERAL)).split()
     assert general[1:5] == ["scw", "1", "4", "2"]  # 2 + 1 increased - 1 deleted
-    assert general[-2].endswith("s")  # snapshot age
+    assert general[-3].endswith("s")  # snapshot age
+    assert general[-2] == "cloud"  # the template's source: no override, nothing learned
     assert "backend scw: SERVING (snapshot age" in status.stdout
 
 

@@ -1,0 +1,288 @@
+"""Learned templates against the real API server: our server (a child process) runs as a user bound to
+exactly the RBAC the Helm values ship, watches Nodes of Bizfly simulator machines, records each group's
+template in its ConfigMap, and serves it for scale-from-zero after a restart."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from devstack.clouds import bizfly_backend, bizfly_cluster_uid
+from devstack.harness import ServerProcess, server_config
+from protos import externalgrpc_pb2 as pb
+from protos import k8s_core_v1_pb2 as k8s
+from providers.bizfly.templates import build_template
+from simulators.bizfly import BizflySimulator, demo_scenario
+from simulators.common import ManualClock
+from tests.deploy.chart import CA_1_36_1, helm_template
+from tests.e2e.control_plane import ControlPlane
+
+SIDECAR_VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "values-sidecar.yaml"
+FEATURE_OBJECTS = "ca-externalgrpc-learned-templates"
+CONFIGMAP = "ca-externalgrpc-templates-bizfly"  # <configmap_prefix>-<backend name>
+COMPUTE = "5f959e0ac0b18944d0a4f13b"  # demo pool "compute": nix.4c_8g, one running machine
+GENERAL = "5f959e0ac0b18944d0a4f13a"  # demo pool "general": nix.2c_4g, two running machines
+# What a kubelet on the 4-core 8 GiB machine reports: its own reservations, not the flavor's estimate.
+NODE_CAPACITY = {"cpu": "4", "memory": "8152100Ki", "pods": "110", "ephemeral-storage": "41152812Ki"}
+NODE_ALLOCATABLE = {"cpu": "3800m", "memory": "7417380Ki", "pods": "110", "ephemeral-storage": "37926431477"}
+DAEMONSET_LABEL = ("feature.node.kubernetes.io/cpu-model.vendor_id", "Intel")  # added after join by a DaemonSet
+JOIN_TAINT = {"key": "storage.example.com/local-ssd", "value": "pending", "effect": "PreferNoSchedule"}
+TRANSIENT = [
+    {"key": "DeletionCandidateOfClusterAutoscaler", "value": "1764780000", "effect": "PreferNoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+]
+WAIT = 20.0
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture
+def bizfly() -> Iterator[BizflySimulator]:
+    sim = BizflySimulator(scenario=demo_scenario(), clock=ManualClock()).start()
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+@pytest.fixture
+def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
+    """Names of the Nodes a test creates; Nodes are cluster-wide, so they are deleted after the test."""
+    created: list[str] = []
+    yield created
+    core = client.CoreV1Api(admin)
+    for name in created:
+        try:
+            core.delete_node(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+@pytest.fixture
+def server_user(control_plane: ControlPlane, admin: client.ApiClient, namespace: str) -> Path:
+    """A kubeconfig of a user bound to the learned templates' RBAC objects of the rendered Helm values."""
+    user = f"learner-{uuid.uuid4().hex[:8]}"
+    docs = helm_template(CA_1_36_1, (SIDECAR_VALUES,), "1.34.0")
+    rules = {d["kind"]: d["rules"] for d in docs if d["metadata"]["name"] == FEATURE_OBJECTS and "rules" in d}
+    assert set(rules) >= {"ClusterRole", "Role"}, "the Helm values ship the feature's roles"
+    rbac = client.RbacAuthorizationV1Api(admin)
+    subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+    rbac.create_cluster_role({"metadata": {"name": user}, "rules": rules["ClusterRole"]})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
+            "subjects": subject,
+        }
+    )
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules["Role"]})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": user},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
+            "subjects": subject,
+        },
+    )
+    return control_plane.user_kubeconfig(user)
+
+
+def start_server(
+    sim: BizflySimulator, kubeconfig: Path, namespace: str, tmp: Path, **backend_extra: Any
+) -> ServerProcess:
+    raw = server_config(
+        [bizfly_backend(sim, **backend_extra)],
+        kubernetes={
+            "kubeconfig": str(kubeconfig),
+            "namespace": namespace,
+            "learned_templates": {"enabled": True, "min_write_interval": "200ms"},
+        },
+    )
+    return ServerProcess(raw, workdir=tmp)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def machine(sim: BizflySimulator, pool_id: str, index: int = 0) -> dict[str, Any]:
+    refs = [r for r in sim.node_refs(bizfly_cluster_uid(sim)) if r["pool_id"] == pool_id]
+    return refs[index]
+
+
+def make_node(
+    admin: client.ApiClient,
+    created: list[str],
+    name: str,
+    provider_id: str,
+    labels: dict[str, str],
+    taints: list[dict[str, str]],
+    ready: bool = True,
+) -> None:
+    """A Node as the kubelet registers it and the cloud controller completes it (providerID set)."""
+    core = client.CoreV1Api(admin)
+    body = {
+        "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name}},
+        "spec": {"providerID": provider_id, "taints": taints},
+    }
+    core.create_node(body)
+    created.append(name)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    condition = {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "reason": "KubeletReady" if ready else "KubeletNotReady",
+        "message": "test",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    status = {"capacity": NODE_CAPACITY, "allocatable": NODE_ALLOCATABLE, "conditions": [condition]}
+    core.patch_node_status(name, {"status": status})
+
+
+def machine_node(
+    admin: client.ApiClient, created: list[str], ref: dict[str, Any], ready: bool = True, flavor: str = "nix.4c_8g"
+) -> str:
+    """The Node of a Bizfly machine: its identity labels, a DaemonSet's label, the pool's taint and one
+    added at join, and taints that must not be learned."""
+    labels = {
+        **ref["labels"],
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": flavor,
+        DAEMONSET_LABEL[0]: DAEMONSET_LABEL[1],
+    }
+    taints = [{"key": "dedicated", "value": "compute", "effect": "NoSchedule"}, JOIN_TAINT, *TRANSIENT]
+    make_node(admin, created, ref["name"], ref["provider_id"], labels, taints, ready)
+    return str(ref["name"])
+
+
+def stored(admin: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
+    try:
+        cm = client.CoreV1Api(admin).read_namespaced_config_map(CONFIGMAP, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return {}
+        raise
+    return {key: json.loads(value) for key, value in (cm.data or {}).items()}
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = probe()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def template_of(server: ServerProcess, group: str) -> k8s.Node:
+    answer = server.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id=group), timeout=5)
+    return k8s.Node.FromString(answer.nodeBytes)
+
+
+def debug_of(server: ServerProcess, group: str) -> str:
+    groups = server.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups
+    return next(g.debug for g in groups if g.id == group)
+
+
+def quantities(resources: Any) -> dict[str, str]:
+    return {k: v.string for k, v in resources.items()}
+
+
+def flavor_allocatable(sim: BizflySimulator, pool_id: str) -> dict[str, str]:
+    pool = next(p for p in sim.snapshot()["clusters"][0]["worker_pools"] if p["id"] == pool_id)
+    template = build_template(pool, "HN", None)
+    assert template is not None
+    return dict(template.allocatable)
+
+
+# ---------------------------------------------------------------------------------------------- tests
+def test_a_group_scaled_to_zero_keeps_its_last_nodes_template_across_a_restart(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    server = start_server(bizfly, server_user, namespace, tmp_path)
+    try:
+        assert "template=cloud" in debug_of(server, COMPUTE)
+        ref = machine(bizfly, COMPUTE)
+        name = machine_node(admin, nodes, ref)
+
+        record = wait_for("the ConfigMap to hold the compute pool", lambda: stored(admin, namespace).get(COMPUTE))
+        assert record["node"] == name and record["allocatable"] == NODE_ALLOCATABLE
+        assert record["capacity"] == NODE_CAPACITY
+        assert "kubernetes.io/hostname" not in record["labels"]
+        assert "bke.bizflycloud.vn/node-id" not in record["labels"]
+        assert record["labels"][DAEMONSET_LABEL[0]] == DAEMONSET_LABEL[1]
+        assert {t["key"] for t in record["taints"]} == {"dedicated", JOIN_TAINT["key"]}
+
+        # Scale the group to zero the way the CA does: DeleteNodes, the machine goes, its Node goes.
+        node = pb.ExternalGrpcNode(providerID=ref["provider_id"], name=name)
+        server.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id=COMPUTE, nodes=[node]), timeout=10)
+        bizfly.advance(600)
+        client.CoreV1Api(admin).delete_node(name)
+        server.restart()
+
+        wait_for(
+            "the pool at zero",
+            lambda: not server.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=COMPUTE), timeout=5).instances,
+        )
+        template = template_of(server, COMPUTE)
+        assert quantities(template.status.allocatable) == NODE_ALLOCATABLE
+        assert quantities(template.status.allocatable) != flavor_allocatable(bizfly, COMPUTE)
+        assert quantities(template.status.capacity) == NODE_CAPACITY
+        labels = dict(template.metadata.labels)
+        assert labels[DAEMONSET_LABEL[0]] == DAEMONSET_LABEL[1] and labels["workload"] == "compute"
+        assert "bke.bizflycloud.vn/node-id" not in labels
+        assert labels["kubernetes.io/hostname"] != name  # the CA's template gets a name of its own
+        taints = {(t.key, t.value, t.effect) for t in template.spec.taints}
+        assert taints == {("dedicated", "compute", "NoSchedule"), tuple(JOIN_TAINT.values())}
+        assert f"template=learned from node {name} at {record['learned_at']}" in debug_of(server, COMPUTE)
+        status = server.cli("status", "--address", server.address)
+        assert f"learned from node {name}" in status
+    finally:
+        server.stop()
+
+
+def test_an_override_beats_the_learned_template_key_by_key(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    override = {COMPUTE: {"template": {"allocatable": {"cpu": "1500m"}, "labels": {"tier": "gold"}}}}
+    server = start_server(bizfly, server_user, namespace, tmp_path, node_groups=override)
+    try:
+        name = machine_node(admin, nodes, machine(bizfly, COMPUTE))
+        wait_for("the ConfigMap to hold the compute pool", lambda: stored(admin, namespace).get(COMPUTE))
+        wait_for("the learned template in use", lambda: "learned" in debug_of(server, COMPUTE))
+        template = template_of(server, COMPUTE)
+        allocatable = quantities(template.status.allocatable)
+        assert allocatable["cpu"] == "1500m"  # the override's key
+        assert allocatable["memory"] == NODE_ALLOCATABLE["memory"]  # the learned rest
+        assert template.metadata.labels["tier"] == "gold"
+        assert template.metadata.labels[DAEMONSET_LABEL[0]] == DAEMONSET_LABEL[1]
+        assert f"template=override over learned from node {name} at" in debug_of(server, COMPUTE)
+    finally:
+        server.stop()
+
+
+def test_a_node_that_is_not_ready_or_of_no_group_teaches_nothing(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    server = start_server(bizfly, server_user, namespace, tmp_path)
+    try:
+        machine_node(admin, nodes, machine(bizfly, COMPUTE), ready=False)
+        stranger = f"stranger-{uuid.uuid4().hex[:8]}"
+        make_node(admin, nodes, stranger, f"bizflycloud://{uuid.uuid4()}", {"workload": "compute"}, [])
+        # A Ready node of another group, created last: once it is stored, the two before it were seen.
+        machine_node(admin, nodes, machine(bizfly, GENERAL), flavor="nix.2c_4g")
+        wait_for("the ConfigMap to hold the general pool", lambda: stored(admin, namespace).get(GENERAL))
+        assert set(stored(admin, namespace)) == {GENERAL}
+        assert "template=cloud" in debug_of(server, COMPUTE)
+        assert quantities(template_of(server, COMPUTE).status.allocatable) == flavor_allocatable(bizfly, COMPUTE)
+    finally:
+        server.stop()

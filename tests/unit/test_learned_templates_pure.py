@@ -1,0 +1,156 @@
+"""Learned templates, the pure parts: what a Node teaches, the ConfigMap record, and the order
+override > learned > cloud in the Backend (with an in-memory adapter: no cloud is involved)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from providers.backend import Backend
+from providers.deadline import Deadline
+from providers.model import CloudListing, GroupState, Instance, LearnedTemplate, NodeRef, NodeTemplate, Taint
+from server.config import TemplateOverride
+from server.kube.templates import BadRecord, decode_learned, encode_learned, template_from_node
+
+NAME = "big-ke1m4ea3-node-1b7o259o"
+PHYSICAL = "380208a9-ad45-423d-bb1a-11df587fd280"
+
+
+def node(ready: str = "True", deleting: bool = False, **labels: str) -> client.V1Node:
+    return client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=NAME,
+            labels={
+                "kubernetes.io/hostname": NAME,
+                "bke.bizflycloud.vn/node-id": "37730edf",
+                "bke.bizflycloud.vn/pool-name": "big",
+                "node.kubernetes.io/instance-type": "nix.4c_16g",
+                "example.com/machine": PHYSICAL,  # names the machine by its server id: per node
+                **labels,
+            },
+            deletion_timestamp="2026-12-03T18:00:00Z" if deleting else None,
+        ),
+        spec=client.V1NodeSpec(
+            provider_id=f"bizflycloud://{PHYSICAL}",
+            taints=[
+                client.V1Taint(key="dedicated", value="big", effect="NoSchedule"),
+                client.V1Taint(key="node.kubernetes.io/not-ready", effect="NoExecute"),
+                client.V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute"),
+                client.V1Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule"),
+                client.V1Taint(key="ToBeDeletedByClusterAutoscaler", value="1764780000", effect="NoSchedule"),
+                client.V1Taint(key="DeletionCandidateOfClusterAutoscaler", value="1", effect="PreferNoSchedule"),
+                client.V1Taint(key="node.cloudprovider.kubernetes.io/uninitialized", value="true", effect="NoSchedule"),
+                client.V1Taint(key="startup-taint.cluster-autoscaler.kubernetes.io/csi", effect="NoSchedule"),
+            ],
+        ),
+        status=client.V1NodeStatus(
+            capacity={"cpu": "4", "memory": "16384Mi", "pods": "110"},
+            allocatable={"cpu": "3900m", "memory": "14645Mi", "pods": "110"},
+            conditions=[client.V1NodeCondition(type="Ready", status=ready)],
+        ),
+    )
+
+
+def test_a_ready_node_teaches_its_group_labels_taints_and_resources_without_what_names_it() -> None:
+    template = template_from_node(node())
+    assert template is not None
+    assert template.labels == {"bke.bizflycloud.vn/pool-name": "big", "node.kubernetes.io/instance-type": "nix.4c_16g"}
+    assert template.taints == (Taint("dedicated", "big", "NoSchedule"),)
+    assert template.allocatable == {"cpu": "3900m", "memory": "14645Mi", "pods": "110"}
+    assert template.capacity["memory"] == "16384Mi"
+
+
+@pytest.mark.parametrize(("ready", "deleting"), [("False", False), ("Unknown", False), ("True", True)])
+def test_a_node_not_ready_or_being_deleted_teaches_nothing(ready: str, deleting: bool) -> None:
+    assert template_from_node(node(ready=ready, deleting=deleting)) is None
+
+
+def test_the_record_round_trips_and_bad_records_are_refused() -> None:
+    learned = LearnedTemplate(template_from_node(node()), NAME, "2026-12-03T18:00:00Z")  # type: ignore[arg-type]
+    assert decode_learned(encode_learned(learned)) == learned
+    for bad in ("{", '{"format": 2}', encode_learned(learned).replace('"3900m"', '"lots"')):
+        with pytest.raises(BadRecord):
+            decode_learned(bad)
+
+
+# ------------------------------------------------------------------------------------------ the Backend
+CLOUD = NodeTemplate(
+    {"node.kubernetes.io/instance-type": "nix.4c_16g", "workload": "big"},
+    (),
+    {"cpu": "4", "memory": "16384Mi"},
+    {"cpu": "3920m", "memory": "13622Mi"},
+)
+
+
+class InMemoryAdapter:
+    """The Backend's template rules need a group and the cloud's template, nothing else."""
+
+    cloud = "memory"
+    gpu_label = "gpu"
+
+    def __init__(self, template: NodeTemplate) -> None:
+        self.cloud_template = template
+
+    def list_groups(self, deadline: Deadline) -> CloudListing:
+        return CloudListing((GroupState("big", 0, 3, 0, ()),))
+
+    def template(self, group: GroupState, observed: Mapping[str, str] | None) -> NodeTemplate | None:
+        return self.cloud_template
+
+    def read_group(self, group_id: str, deadline: Deadline) -> GroupState: ...
+    def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None: ...
+    def delete_instance(self, group: GroupState, inst: Instance, node: NodeRef, deadline: Deadline) -> None: ...
+    def close(self) -> None: ...
+
+
+def backend(overrides: dict[str, Any] | None = None, cloud: NodeTemplate = CLOUD) -> tuple[Backend, InMemoryAdapter]:
+    adapter = InMemoryAdapter(cloud)
+    built = Backend("memory", adapter, template_overrides=overrides)  # type: ignore[arg-type]
+    built.start(background=False)
+    return built, adapter
+
+
+LEARNED = LearnedTemplate(
+    NodeTemplate(
+        {"node.kubernetes.io/instance-type": "nix.4c_16g", "workload": "big", "nfd": "yes"},
+        (Taint("dedicated", "big", "NoSchedule"),),
+        {"cpu": "4", "memory": "16384Mi"},
+        {"cpu": "3900m", "memory": "14645Mi"},
+    ),
+    NAME,
+    "2026-12-03T18:00:00Z",
+)
+
+
+def test_learned_beats_cloud_and_a_change_changes_the_cache_key() -> None:
+    b, _ = backend()
+    assert b.template("big") == CLOUD and b.template_source("big") == "cloud"
+    key = b.template_key("big")
+    b.set_learned_template("big", LEARNED)
+    assert b.template_key("big") != key
+    assert b.template("big") == LEARNED.template
+    assert b.template_source("big") == f"learned from node {NAME} at 2026-12-03T18:00:00Z"
+    same = b.template_key("big")
+    b.set_learned_template("big", LEARNED)  # the same record again: nothing to rebuild
+    assert b.template_key("big") == same
+
+
+def test_override_keys_win_over_the_learned_template_key_by_key() -> None:
+    b, _ = backend({"big": TemplateOverride(allocatable={"cpu": "1500m"}, labels={"tier": "gold"})})
+    b.set_learned_template("big", LEARNED)
+    template = b.template("big")
+    assert template is not None
+    assert template.allocatable == {"cpu": "1500m", "memory": "14645Mi"}
+    assert template.labels["tier"] == "gold" and template.labels["nfd"] == "yes"
+    assert template.taints == LEARNED.template.taints
+    assert b.template_source("big") == f"override over learned from node {NAME} at 2026-12-03T18:00:00Z"
+
+
+def test_a_pool_that_now_makes_another_machine_type_falls_back_to_the_cloud() -> None:
+    other = NodeTemplate({"node.kubernetes.io/instance-type": "nix.8c_32g"}, (), {"cpu": "8"}, {"cpu": "7900m"})
+    b, _ = backend(cloud=other)
+    b.set_learned_template("big", LEARNED)
+    assert b.template("big") == other and b.template_source("big") == "cloud"
