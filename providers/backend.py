@@ -217,7 +217,7 @@ class Backend:
     def refresh_listing(self) -> Flight[Snapshot] | None:
         """For the CA's Refresh: the listing to wait for when the snapshot is older than the interval
         (the running one, else a new one), or None: the snapshot is young enough, the backend does not
-        follow Refresh, or it is backing off after a failed listing (its timer retries by itself)."""
+        follow Refresh, or its last listing failed (its timer retries by itself)."""
         if not self.settings.follow_refresh or self._stop.is_set():
             return None
         now = self._clock()
@@ -228,7 +228,9 @@ class Backend:
             snapshot = self._snapshot
             if snapshot.version and now - snapshot.finished_at < self._interval():
                 return None
-            if self._failures and now < self._next_sync_at:
+            if self._failures:
+                # The cloud is failing: the timer retries with its backoff, and a Refresh neither adds
+                # listings nor spends the other backends' time waiting for this one's.
                 return None
             # Any listing running now started after the one that built this snapshot.
             return self._listing.since(snapshot.started_at)

@@ -7,14 +7,16 @@ finished listings, and only listings read it: a size write reads the pools alone
 1. a Refresh lists when the snapshot is older than the interval, waits for it and answers from it;
    a younger snapshot makes no listing;
 2. Refreshes at the same moment share one listing;
-3. a slow listing never holds Refresh past its deadline, and the staleness bound still decides;
+3. a slow listing never holds Refresh past its deadline, the staleness bound still decides, and a
+   backend whose cloud is failing is not waited for;
 4. with no Refresh, the timer lists by itself after a few intervals (sooner with a tight staleness
-   bound), and a size change still brings a listing forward;
+   bound), and a size change still brings a listing forward, even while a listing runs;
 5. ``follow_refresh: false``: the timer lists every interval and Refresh never waits for a listing.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +27,7 @@ import pytest
 
 from devstack.harness import Stack, start_stack
 from protos import externalgrpc_pb2 as pb
+from providers.deadline import Deadline
 from simulators.common import Fault
 from simulators.scaleway import ScalewaySimulator
 from tests.integration.test_concurrency_faults import (
@@ -160,6 +163,18 @@ def test_a_refresh_waiting_for_a_slow_listing_still_fails_a_stale_backend_in_tim
     assert refresh(stack).ok  # the listing's snapshot is within the bound again
 
 
+def test_a_refresh_does_not_wait_for_a_backend_whose_cloud_is_failing(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack(**sync_keys(min_interval="0.5s"))
+    backend = stack.backend("scw")
+    # Every node listing now fails slowly (the transport retries it), so a retry is nearly always running.
+    sim_of(stack).faults.add(Fault(route="list_nodes", method="GET", status=500, delay=0.5))
+    wait_until(lambda: backend.health().consecutive_failures >= 1, seconds=12.0)
+    retried = listings_started(stack)
+    wait_until(lambda: listings_started(stack) > retried, seconds=5.0)  # the timer's retry is under way
+    answer = refresh(stack)
+    assert answer.ok and answer.seconds < 0.5, answer  # the last good snapshot is within its bound
+
+
 # ---------------------------------------------------------------------- 4. the timer covers for a missing CA
 @pytest.mark.parametrize(("staleness", "timer"), [("10m", 4 * INTERVAL), ("4s", 2.0)])
 def test_without_any_refresh_the_timer_lists_after_a_few_intervals(
@@ -180,6 +195,20 @@ def test_a_size_change_still_brings_a_listing_forward(make_stack: Callable[..., 
     assert increase(stack, SMALL, 2).ok
     took = wait_until(lambda: listings(stack) == 2, seconds=6.0)
     assert took < 5.0, took  # within a few seconds, no Refresh and 30 s from the interval
+
+
+def test_a_size_change_during_a_listing_gets_a_listing_of_its_own_after_it(make_stack: Callable[..., Stack]) -> None:
+    stack = make_stack(interval="30s", min_interval="0s")
+    backend = stack.backend("scw")
+    sim_of(stack).faults.add(Fault(route="list_nodes", method="GET", delay=2.0, times=1))
+    threading.Thread(target=lambda: backend.sync(Deadline.after(10)), daemon=True).start()
+    wait_until(lambda: listings_started(stack) == 2, seconds=3.0)  # that listing read the pools already
+    assert increase(stack, SMALL, 2).ok
+    changed = time.monotonic()
+    # The listing under way may have missed the change; it must not cancel the one the change asked for.
+    wait_until(lambda: listings(stack) == 3, seconds=8.0)
+    wait_until(lambda: backend.snapshot.version == 3, seconds=2.0)
+    assert backend.snapshot.started_at > changed
 
 
 # ---------------------------------------------------------------------- 5. the timer alone
