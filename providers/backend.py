@@ -12,7 +12,9 @@ Mutations follow the CA's real concurrency (docs/reliability.md):
 - a write whose answer was lost or an error may have been applied: it is read back from the cloud
   before answering when the deadline allows, and in any case before the group's next change, and a
   listing is started at once so TargetSize follows the cloud within seconds;
-- one listing runs at a time and serves every caller waiting for it (providers/single_flight.py).
+- one listing runs at a time and serves every caller waiting for it (providers/single_flight.py);
+- the CA's Refresh starts that listing once the snapshot is older than the interval and waits for it
+  a bounded time (``sync.follow_refresh``); the timer lists by itself only when no CA asks.
 
 Changes this server made are overlaid on the snapshot until a listing that certainly saw them.
 """
@@ -77,6 +79,16 @@ REUSE_LISTING_WINDOW = 30.0
 MAX_NODES_PER_DELETE = 1000
 # Deletions of one call sent to the cloud at once (the CA's own scale-down parallelism is 10).
 DELETE_PARALLELISM = 10
+# Following the CA's Refresh (sync.follow_refresh): a Refresh that finds the snapshot older than the
+# interval waits this long at most for the listing it started or joined (less when its deadline is
+# nearer), then answers from the snapshot in place while the listing goes on.
+REFRESH_WAIT = 3.0
+# Of the Refresh caller's deadline, kept for the staleness checks and the answer.
+REFRESH_MARGIN = 1.0
+# Following the CA's Refresh, the timer still lists by itself this many intervals after the last
+# listing (no CA asked: it is stopped or disconnected), and always within half the staleness bound, so
+# readiness, metrics and the liveness watch of the sync loop keep working without a CA.
+IDLE_SYNC_INTERVALS = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,10 @@ class SyncSettings:
     min_interval: float = 5.0
     max_staleness: float = 600.0
     initial_sync_timeout: float = 20.0
+    # True: the CA's Refresh starts a listing once the snapshot is older than the interval (the cloud is
+    # read while a CA asks, as the in-tree providers re-list in their Refresh) and the timer only
+    # covers for a missing CA; False: the timer lists every interval whether anyone asks or not.
+    follow_refresh: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +161,7 @@ class Backend:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_sync_at = 0.0
+        self._list_after = 0.0  # the timer's next listing starts at or after this (a change asked for it)
         self._rechecks: list[float] = []  # extra listings owed after unknown outcomes (times)
         self._last_error = ""
         self._failures = 0
@@ -187,9 +204,14 @@ class Backend:
             with self._state_lock:
                 if now < min([self._next_sync_at, *self._rechecks]):
                     continue
+                recheck = any(t <= now for t in self._rechecks)
                 self._rechecks = [t for t in self._rechecks if t > now]
+                # A listing already running (a Refresh's, a decrease's) serves the timer when it began
+                # after the snapshot in place and after any change that asked for one; a recheck after an
+                # unknown outcome needs one that starts now. Asked under the lock, as in refresh_listing.
+                flight = self._listing.since(now if recheck else max(self._snapshot.started_at, self._list_after))
             # The listing reports its own failures (log, health, metrics); waiting keeps this loop calm.
-            self._listing.since(now).wait(LISTING_TIMEOUT + 5.0)
+            flight.wait(LISTING_TIMEOUT + 5.0)
 
     def _interval(self) -> float:
         s = self.settings
@@ -199,10 +221,40 @@ class Backend:
             return max(self._max_age, s.min_interval)
         return s.default_interval
 
+    def _timer_interval(self) -> float:
+        """From a good listing to the next one the timer starts by itself."""
+        interval = self._interval()
+        if not self.settings.follow_refresh:
+            return interval
+        return max(interval, min(interval * IDLE_SYNC_INTERVALS, self.settings.max_staleness / 2))
+
+    def refresh_listing(self) -> Flight[Snapshot] | None:
+        """For the CA's Refresh: the listing to wait for when the snapshot is older than the interval
+        (the running one, else a new one), or None: the snapshot is young enough, the backend does not
+        follow Refresh, or its last listing failed (its timer retries by itself)."""
+        if not self.settings.follow_refresh or self._stop.is_set():
+            return None
+        now = self._clock()
+        # Held while the listing is asked for: a listing that ends in between swaps the snapshot under
+        # this lock, so a Refresh either sees the new snapshot or shares the listing still running,
+        # never starts a second one right after it.
+        with self._state_lock:
+            snapshot = self._snapshot
+            if snapshot.version and now - snapshot.finished_at < self._interval():
+                return None
+            if self._failures:
+                # The cloud is failing: the timer retries with its backoff, and a Refresh neither adds
+                # listings nor spends the other backends' time waiting for this one's.
+                return None
+            # Any listing running now started after the one that built this snapshot.
+            return self._listing.since(snapshot.started_at)
+
     def sync_soon(self, delay: float = SYNC_SOON_DELAY) -> None:
         """Ask for a listing within ``delay`` seconds (rate-limited by ``min_interval``)."""
-        at = self._clock() + max(delay, 0.0)
+        now = self._clock()
+        at = now + max(delay, 0.0)
         with self._state_lock:
+            self._list_after = max(self._list_after, now)
             earliest = self._snapshot.finished_at + self.settings.min_interval
             at = max(at, earliest)
             if at < self._next_sync_at:
@@ -269,7 +321,8 @@ class Backend:
             self._max_age = listing.max_age
             self._failures = 0
             self._last_error = ""
-            self._next_sync_at = self._clock() + self._interval()
+            if self._list_after <= started:  # else a change asked for a listing after this one began
+                self._next_sync_at = self._clock() + self._timer_interval()
             books = list(self._books.values())
         for book in books:
             with book.cond:

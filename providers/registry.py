@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
-from providers.backend import Backend
+from providers.backend import REFRESH_MARGIN, REFRESH_WAIT, Backend
+from providers.deadline import Deadline
 from providers.errors import NodeGroupNotFound
 from providers.model import GroupState
 
@@ -27,6 +29,19 @@ class Registry:
             if gid is not None:
                 return backend, gid
         return None
+
+    def refresh(self, deadline: Deadline) -> None:
+        """The CA's Refresh: each backend whose snapshot is older than its interval starts a listing (or
+        joins the running one); all of them are waited for together, at most ``REFRESH_WAIT`` and never
+        into the last ``REFRESH_MARGIN`` of the deadline. A listing that takes longer goes on in the
+        background and this answers from the snapshots in place; its failure is the sync's to report.
+        Then the isolation rule decides."""
+        flights = [flight for backend in self.backends if (flight := backend.refresh_listing()) is not None]
+        if flights:
+            until = min(time.monotonic() + REFRESH_WAIT, deadline.expires_at - REFRESH_MARGIN)
+            for flight in flights:
+                flight.wait(until - time.monotonic())
+        self.check_fresh_enough()
 
     def check_fresh_enough(self) -> None:
         """Refresh's rule (the isolation rule, docs/reliability.md): fail only for a backend that serves

@@ -229,6 +229,7 @@ class SyncConfig(ConfigModel):
     interval: duration(1, 24 * 3600) | None = None  # type: ignore[valid-type]
     min_interval: duration(0, 3600) = 5.0  # type: ignore[valid-type]
     max_staleness: duration(1, 7 * 24 * 3600) = 600.0  # type: ignore[valid-type]
+    follow_refresh: Flag = True
 
 
 def _seconds_or_none(value: Any) -> float | None:
@@ -296,6 +297,7 @@ class BackendConfig(ConfigModel):
             default_interval=cloud_type(self.type).default_sync_interval,
             min_interval=self.sync_config.min_interval,
             max_staleness=self.sync_config.max_staleness,
+            follow_refresh=self.sync_config.follow_refresh,
         )
 
     @property

@@ -240,8 +240,9 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc()
     def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
-        # Cloud reads happen in the background sync; Refresh only refuses state beyond its bound.
-        self.registry.check_fresh_enough()
+        # A due snapshot is re-listed on the backend's listing thread (waited for a bounded time); then
+        # Refresh refuses only state beyond the staleness bound.
+        self.registry.refresh(self._deadline(context))
         return pb.RefreshResponse()
 
     # --------------------------------------------------------------- node-group level

@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 # the Scaleway backend's entry, any other key at the top level.
 OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours": {},
+    # Syncs on a timer every interval instead of at the CA's Refresh (sync.follow_refresh: false).
+    "ours-timer": {"backend": {"sync": {"follow_refresh": False}}},
 }
 # The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
 FLOOR_VARIANTS: dict[str, list[str]] = {

@@ -80,6 +80,7 @@ def run_cli(*args, env=None):
             {"backends": [{**scaleway(), "sync": {"interval": "10m", "max_staleness": "1m"}}]},
             "backends[0].sync.max_staleness",
         ),
+        ({"backends": [{**scaleway(), "sync": {"follow_refresh": "sometimes"}}]}, "backends[0].sync.follow_refresh"),
     ],
 )
 def test_a_bad_value_names_its_key_and_a_fix(raw, key):
@@ -209,8 +210,14 @@ def test_every_duration_key_takes_the_same_syntax():
     assert parsed.shutdown_grace == 90
     assert backend.cloud.request_timeout == 1.5
     assert (backend.sync.interval, backend.sync.min_interval, backend.sync.max_staleness) == (45, 0.5, 3600)
+    assert backend.sync.follow_refresh is True  # the default: the CA's Refresh starts each listing
     options = backend.groups["g"].options
     assert options is not None and options.scale_down_unneeded_time == 5400
+
+
+def test_follow_refresh_can_be_turned_off():
+    parsed = parse({"backends": [{**scaleway(), "sync": {"follow_refresh": False}}]}, env={})
+    assert parsed.backends[0].sync.follow_refresh is False
 
 
 # ---------------------------------------------------------------------------- the same keys on every cloud
