@@ -22,7 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,6 +270,9 @@ class BizflyAdapter(CloudAdapter):
 
     def instrument(self, metrics: object) -> None:
         self.client.instrument(metrics)
+
+    def guard_writes(self, gate: Callable[[str], None]) -> None:
+        self.client.guard_writes(gate)
 
     def health_detail(self) -> str:
         token = "token valid" if self.client.tokens.has_valid_token else "no valid token"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from providers.registry import Registry
 from server.kube.client import KubeConnection, connect
+from server.kube.leader import Election, Leadership
 from server.kube.settings import KubernetesConfig
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,7 @@ class KubeFeatures:
 
     connection: KubeConnection
     stoppers: list[Callable[[], None]] = field(default_factory=list)
+    election: Election | None = None
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
@@ -30,8 +33,20 @@ class KubeFeatures:
         self.connection.close()
 
 
-def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatures | None:
-    """None when no feature is on (the ``kubernetes`` client is then never imported)."""
+def start_features(
+    settings: KubernetesConfig,
+    registry: Registry,
+    *,
+    leadership: Leadership | None = None,
+    metrics: Any = None,
+    liveness: Any = None,
+    start_backends: bool = True,
+) -> KubeFeatures | None:
+    """None when no feature is on (the ``kubernetes`` client is then never imported).
+
+    ``leadership`` (made by the caller before it serves, so its gates hold from the first RPC) turns
+    on leader election: the backends then start syncing only when this replica leads.
+    """
     if not settings.any_enabled:
         return None
     features = KubeFeatures(connect(settings))
@@ -39,4 +54,8 @@ def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatur
         "Kubernetes features on",
         extra={"namespace": features.connection.namespace, "identity": features.connection.identity},
     )
+    if leadership is not None:
+        features.election = Election(features.connection, leadership, registry, metrics, liveness, start_backends)
+        features.election.start()
+        features.stoppers.append(features.election.stop)
     return features
