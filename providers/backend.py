@@ -159,6 +159,10 @@ class Backend:
         self._paused.set()
         self._wake.set()
 
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
     def resume(self) -> None:
         """Sync again (this replica became the leader): a first sync now (bounded), then the loop."""
         self._paused.clear()

@@ -390,6 +390,7 @@ class Election:
         self._metrics = LeaderMetrics(metrics.registry, leadership) if metrics is not None else None
         for backend in registry.backends:
             backend.adapter.guard_writes(leadership.check_write)
+        registry.pause()  # a follower until elected: no sync, and no snapshot series to alert on
         self._elector = LeaderElector(
             connection.coordination(),
             connection.namespace,

@@ -179,6 +179,9 @@ def test_one_replica_leads_and_the_follower_never_touches_the_cloud(replicas: Re
     assert status == 503 and body.startswith("follower; leader is replica-a"), body
     assert ready(leader)
     assert metric(leader, "ca_externalgrpc_leader") == 1 and metric(follower, "ca_externalgrpc_leader") == 0
+    # A follower serves no snapshot, so the "snapshot stale" alert has nothing to fire on there.
+    assert metric(leader, 'ca_externalgrpc_snapshot_stale{backend="scw"}') == 0
+    assert "ca_externalgrpc_snapshot_stale{" not in follower.http_get("/metrics")[1]
 
     refused = increase(follower)
     assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
