@@ -90,7 +90,7 @@ class Leadership:
             return
         if self.holds():
             raise NotLeader(
-                f"{rpc} refused: this replica ({self.identity}) has just become the leader and syncs with the "
+                f"{rpc} refused: {self._me()} has just become the leader and syncs with the "
                 "cloud before it changes anything; retry in a few seconds"
             )
         raise NotLeader(f"{rpc} refused: {self._why_not()}")
@@ -110,11 +110,15 @@ class Leadership:
         where = f"Lease {self.config.lease_name}"
         if lapsed:
             return (
-                f"this replica ({self.identity}) could not renew its {where} within renew_deadline "
+                f"{self._me()} could not renew its {where} within renew_deadline "
                 f"({self.config.renew_deadline:g}s) and stopped writing; the CA reaches the leader on retry"
             )
         leader = f"the leader is {holder}" if holder and holder != self.identity else "the leader is not known yet"
-        return f"this replica ({self.identity}) is not the leader ({where}); {leader}"
+        return f"{self._me()} is not the leader ({where}); {leader}"
+
+    def _me(self) -> str:
+        # The identity is known once the election starts, a moment after the ports open.
+        return f"this replica ({self.identity})" if self.identity else "this replica"
 
     # ------------------------------------------------------------------ transitions (elector thread)
     def acquired(self, renew_started_at: float) -> int:
