@@ -39,7 +39,7 @@ SCENARIO = {
     ]
 }
 # Short, in the required order retry_period < renew_deadline < lease_duration, so a test takes seconds.
-LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 4.0, 3.0, 0.5
+LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 4.0, 3.0, 1.0
 # A first sync of one small pool on loopback: well under a second; the bound leaves room for a busy machine.
 FIRST_SYNC_BOUND = 3.0
 HOSTS = {"replica-a": "127.0.0.1", "replica-b": "localhost"}
@@ -230,7 +230,7 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_within_the_renew_dea
     wait_for(lambda: replicas.holder() == "replica-b", LEASE_DURATION + 2, "the follower takes over")
     taken_after = time.monotonic() - cut_at
     print(f"\nAPI access cut: stopped writing after {stopped:.2f}s, follower took the Lease after {taken_after:.2f}s")
-    assert stopped <= RENEW_DEADLINE + 0.3
+    assert stopped <= RENEW_DEADLINE + 0.4  # polling and one RPC; the elector alone could be a retry_period late
     # No overlap: the old leader had stopped before the new one could start.
     assert stopped < taken_after
 
