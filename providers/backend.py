@@ -159,6 +159,7 @@ class Backend:
         self._listing: SingleFlight[Snapshot] = SingleFlight(self._list_and_swap, clock, f"sync-{name}")
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._paused = threading.Event()  # a follower replica (leader election): no sync, no cloud reads
         self._thread: threading.Thread | None = None
         self._next_sync_at = 0.0
         self._list_after = 0.0  # the timer's next listing starts at or after this (a change asked for it)
@@ -183,6 +184,22 @@ class Backend:
             self._thread = threading.Thread(target=self._run, name=f"sync-timer-{self.name}", daemon=True)
             self._thread.start()
 
+    def pause(self) -> None:
+        """Stop syncing until ``resume`` (this replica stepped down to follower); a listing running now
+        finishes, none starts. The snapshot stays, but a follower answers no mutating call from it."""
+        self._paused.set()
+        self._wake.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    def resume(self) -> None:
+        """Sync again (this replica became the leader): a first sync now (bounded), then the loop."""
+        self._paused.clear()
+        self.start(background=self._thread is None)
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
@@ -200,6 +217,9 @@ class Backend:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            if self._paused.is_set():
+                self._wake.wait()  # resume() or stop() sets it
+                continue
             now = self._clock()
             with self._state_lock:
                 if now < min([self._next_sync_at, *self._rechecks]):

@@ -75,6 +75,15 @@ class CloudAdapter(abc.ABC):
         """
         return None
 
+    def guard_writes(self, gate: Callable[[str], None]) -> None:
+        """Have every cloud-changing request of this adapter call ``gate("METHOD endpoint")`` just before
+        it is sent; the gate raises ``NotLeader`` to stop it (leader election, server/kube/leader.py).
+
+        A cloud package must pass the gate to all its transports; the default refuses, so a cloud that
+        forgot it cannot run with leader election on and write from a follower.
+        """
+        raise NotSupported(f"{self.cloud or type(self).__name__} cannot guard its cloud writes for leader election")
+
     def health_detail(self) -> str:
         """A short human string about the cloud connection (breaker state, auth), for health/status."""
         return ""

@@ -58,6 +58,13 @@ class CloudOutcomeUnknown(CloudUnavailable):
         self.finished = finished
 
 
+class NotLeader(CloudUnavailable):
+    """This replica may not change the cloud: it does not hold the leader Lease (or its hold lapsed).
+
+    Raised before anything is sent, so the cloud is unchanged; the CA retries and reaches the leader.
+    """
+
+
 class CloudRequestRejected(DomainError):
     """The cloud API refused the request (4xx other than auth); retrying unchanged will not help."""
 

@@ -16,6 +16,10 @@ the cloud applied the write, with or without ``Retry-After``, so it is never rep
 
 A write (POST/PUT/PATCH/DELETE) that ends in such a failure raises ``CloudOutcomeUnknown``: the change
 may have been applied, and the backend reads the cloud back before answering or changing anything else.
+
+The write gate (leader election): with one set (``guard_writes``), every attempt of a cloud-changing
+request asks it just before the bytes go out, retries included, so a replica whose leadership lapsed
+mid-call sends nothing more. This is the one place such requests leave the process.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from providers.errors import (
     CloudRequestRejected,
     CloudTimeout,
     CloudUnavailable,
+    NotLeader,
 )
 
 log = logging.getLogger("providers.http")
@@ -267,6 +272,7 @@ class HttpTransport:
         self._metrics: Any = None
         self._backend = ""  # the configured backend these calls serve, for logs (set by instrument)
         self._breaker = _Breaker(breaker, clock, self._breaker_changed)
+        self._write_gate: Callable[[str], None] | None = None
         self._session = requests.Session()
         self._session.headers.update({"User-Agent": user_agent, "Accept": "application/json"})
 
@@ -282,6 +288,11 @@ class HttpTransport:
         self._backend = str(getattr(metrics, "backend", "") or "")
         if metrics is not None:
             metrics.set_breaker_state(self.api, self._breaker.state)
+
+    def guard_writes(self, gate: Callable[[str], None]) -> None:
+        """Call ``gate("METHOD endpoint")`` before every attempt of a cloud-changing request; it raises
+        ``NotLeader`` to stop the request unsent (leader election, server/kube/leader.py)."""
+        self._write_gate = gate
 
     def close(self) -> None:
         self._session.close()
@@ -333,6 +344,11 @@ class HttpTransport:
             response = self._call(
                 method, path, endpoint, deadline, params, json_body, idempotent, changes_cloud, headers, probe
             )
+        except NotLeader:
+            # Refused by this replica's own write gate: the cloud was not asked and says nothing.
+            if probe:
+                self._breaker.release_probe()
+            raise
         except CloudUnavailable:
             self._breaker.record(success=False, probe=probe)
             raise
@@ -380,6 +396,8 @@ class HttpTransport:
                 # auth(True) asks for a fresh token; its answer is used for the repeated request.
                 send_headers.update(self._auth(refresh_auth))
                 refresh_auth = False
+            if changes_cloud and self._write_gate is not None:
+                self._check_gate(method, endpoint, maybe_applied, may_land_later)
             outcome = self._attempt(method, url, endpoint, timeout, params, json_body, send_headers, attempt)
             response = outcome.response
 
@@ -479,6 +497,16 @@ class HttpTransport:
             status: int | str = int(label) if label.isdigit() else label
             self._metrics.observe_cloud_request(self.api, endpoint, method, status, seconds, attempt > 1)
         return replace(outcome, seconds=seconds)
+
+    def _check_gate(self, method: str, endpoint: str, maybe_applied: bool, may_land_later: bool) -> None:
+        """The write gate, last thing before the bytes go out (after auth, which may take a while)."""
+        assert self._write_gate is not None
+        try:
+            self._write_gate(f"{method} {endpoint}")
+        except NotLeader as refused:
+            if maybe_applied:  # an earlier attempt of this call may have landed: say so, do not hide it
+                raise self._final(CloudUnavailable(str(refused)), True, may_land_later) from None
+            raise
 
     def _log_attempt(
         self, method: str, endpoint: str, outcome: _Outcome, attempt: int, next_step: str, retry_in: float | None = None

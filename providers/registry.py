@@ -62,6 +62,14 @@ class Registry:
         for backend in self.backends:
             backend.start()
 
+    def pause(self) -> None:
+        for backend in self.backends:
+            backend.pause()
+
+    def resume(self) -> None:
+        for backend in self.backends:
+            backend.resume()
+
     def stop(self) -> None:
         for backend in self.backends:
             backend.stop()

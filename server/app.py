@@ -24,6 +24,7 @@ from server.config import ServerConfig
 from server.decoding import DecodingInterceptor
 from server.group_overrides import UnmatchedOverrideCheck
 from server.kube.integration import KubeFeatures, start_features
+from server.kube.leader import Leadership
 from server.metrics import Metrics
 from server.prewrapped import PrewrappingServer
 from server.probes import HttpEndpoint, Liveness, serve_probes
@@ -131,6 +132,7 @@ class RunningServer:
     metrics: Metrics
     http: HttpEndpoint | None = None
     kube: KubeFeatures | None = None
+    leadership: Leadership | None = None  # with leader election on: this replica's role
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -211,6 +213,10 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     bound = _bind_grpc(server, config.listen, creds)
     liveness = Liveness(executor)
     running = RunningServer(config, server, registry, service, health_servicer, bound, liveness, metrics)
+    if config.kubernetes.leader_election.enabled:
+        # Before the ports open: a replica is a follower (refuses mutating RPCs, unready) until elected.
+        running.leadership = Leadership(config.kubernetes.leader_election)
+        service.mutation_guard = running.leadership.check_mutation
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:
@@ -235,11 +241,19 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     try:
-        running.kube = start_features(config.kubernetes, registry, metrics.kube_api_error)
+        running.kube = start_features(
+            config.kubernetes,
+            registry,
+            leadership=running.leadership,
+            metrics=metrics,
+            liveness=liveness,
+            start_backends=start_backends,
+        )
     except BaseException:
         running.stop(grace=0)
         raise
-    if start_backends:
+    # With leader election the backends start syncing when this replica leads (server/kube/leader.py).
+    if start_backends and running.leadership is None:
         log.info("listening; first sync with the cloud", extra={"address": running.address})
         liveness.watch(registry.backends)
         try:

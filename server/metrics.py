@@ -372,8 +372,8 @@ class _SnapshotCollector(Collector):
             items = list(self._backends.items())
         for name, ref in items:
             backend = ref()
-            if backend is None:
-                continue
+            if backend is None or getattr(backend, "paused", False):
+                continue  # a follower replica (leader election) serves no snapshot: nothing to alert on
             try:
                 health = backend.health()
             except Exception:  # a scrape must never fail because of one backend

@@ -52,6 +52,7 @@ class Liveness:
         self._lock = threading.Lock()
         self._canary_queued_at: float | None = None
         self._loops: dict[str, tuple[float, float]] = {}  # backend -> (last attempt ended, silence allowed)
+        self._unwatched: set[str] = set()  # paused loops (a follower replica): silence expected
 
     def watch(self, backends: Iterable[Any]) -> None:
         """Start watching the sync loops of ``backends`` (before their first sync)."""
@@ -59,10 +60,20 @@ class Liveness:
         with self._lock:
             for backend in backends:
                 self._loops[backend.name] = (now, _allowed_silence(backend))
+                self._unwatched.discard(backend.name)
+
+    def unwatch(self, backends: Iterable[Any]) -> None:
+        """Stop watching the sync loops of ``backends`` (paused on a follower replica: silence is expected)."""
+        with self._lock:
+            for backend in backends:
+                self._loops.pop(backend.name, None)
+                self._unwatched.add(backend.name)
 
     def sync_attempt_ended(self, backend: Any) -> None:
         """Listener for ``Backend.listeners``: called after every sync attempt, good or bad."""
         with self._lock:
+            if backend.name in self._unwatched:  # the last listing of a loop just paused
+                return
             self._loops[backend.name] = (self._clock(), _allowed_silence(backend))
 
     def check(self) -> tuple[bool, str]:
@@ -95,11 +106,17 @@ def _allowed_silence(backend: Any) -> float:
     return 2 * float(backend.settings.max_staleness)
 
 
-def readiness(draining: Callable[[], bool], backends: Iterable[Any]) -> tuple[bool, str]:
-    """``(ready, body)``: unready only while draining; the body lists each backend's sync state."""
+def readiness(draining: Callable[[], bool], backends: Iterable[Any], role: Check | None = None) -> tuple[bool, str]:
+    """``(ready, body)``: unready only while draining, or, with leader election (``role``), on a follower
+    and on a new leader before its first sync; the body lists each backend's sync state."""
     states = [_backend_state(backend) for backend in backends]
     if draining():
         return False, "; ".join(["shutting down", *states])
+    if role is not None:
+        leads, what = role()
+        if not leads:
+            return False, "; ".join([what, *states])
+        states.insert(0, what)
     return True, "; ".join(["ready", *states])
 
 
@@ -206,5 +223,7 @@ def serve_probes(host: str, port: int, running: Any) -> HttpEndpoint:
         port,
         running.metrics,
         live=running.liveness.check,
-        ready=lambda: readiness(running.draining, backends),
+        ready=lambda: readiness(
+            running.draining, backends, running.leadership.readiness if running.leadership is not None else None
+        ),
     )

@@ -71,6 +71,8 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
         def handler(self: CloudProviderService, request: Any, context: grpc.ServicerContext) -> R:
             start = time.perf_counter()
             try:
+                if mutating and self.mutation_guard is not None:
+                    self.mutation_guard(name)  # a follower replica refuses before anything else
                 result = method(self, request, context)
             except DomainError as err:
                 code = status_for(err)
@@ -139,6 +141,8 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self._nodes_msgs: dict[str, tuple[object, pb.NodeGroupNodesResponse]] = {}
         self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
         self._observed: dict[str, int] = {}
+        # Leader election: raises NotLeader (UNAVAILABLE) for a mutating RPC on a replica that may not write.
+        self.mutation_guard: Callable[[str], None] | None = None
 
     # --------------------------------------------------------------- helpers
     @staticmethod

@@ -23,7 +23,7 @@ import concurrent.futures
 import contextvars
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,6 +272,9 @@ class BizflyAdapter(CloudAdapter):
 
     def instrument(self, metrics: object) -> None:
         self.client.instrument(metrics)
+
+    def guard_writes(self, gate: Callable[[str], None]) -> None:
+        self.client.guard_writes(gate)
 
     def health_detail(self) -> str:
         token = "token valid" if self.client.tokens.has_valid_token else "no valid token"

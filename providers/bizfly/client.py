@@ -114,6 +114,7 @@ class BizflyClient:
         self._api: HttpTransport | None = None
         self._api_prefix = ""
         self._metrics: Any = None
+        self._write_gate: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ the four calls
     def get_cluster(self, deadline: Deadline) -> Any:
@@ -166,6 +167,8 @@ class BizflyClient:
         )
         if self._metrics is not None:
             api.instrument(self._metrics)
+        if self._write_gate is not None:  # before publishing it: no write may go out ungated
+            api.guard_writes(self._write_gate)
         # The prefix first: callers read ``_api`` without the lock and then use the prefix.
         self._api_prefix = prefix
         self._api = api
@@ -212,6 +215,13 @@ class BizflyClient:
         for transport in (self._token_transport, self._catalog_transport, self._api):
             if transport is not None:
                 transport.instrument(metrics)
+
+    def guard_writes(self, gate: Callable[[str], None]) -> None:
+        """Every transport, including the Kubernetes Engine one made later, checks ``gate`` before a write."""
+        self._write_gate = gate
+        for transport in (self._token_transport, self._catalog_transport, self._api):
+            if transport is not None:
+                transport.guard_writes(gate)
 
     @property
     def breaker_state(self) -> str:

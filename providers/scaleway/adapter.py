@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from providers.cloud import CloudAdapter
 from providers.deadline import Deadline
@@ -250,6 +250,9 @@ class ScalewayAdapter(CloudAdapter):
     # ------------------------------------------------------------------ plumbing
     def instrument(self, metrics: object) -> None:
         self.client.transport.instrument(metrics)
+
+    def guard_writes(self, gate: Callable[[str], None]) -> None:
+        self.client.transport.guard_writes(gate)
 
     def health_detail(self) -> str:
         return (

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from providers.registry import Registry
 from server.kube.client import KubeConnection, connect
+from server.kube.leader import Election, Leadership
 from server.kube.settings import KubernetesConfig
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,7 @@ class KubeFeatures:
 
     connection: KubeConnection
     stoppers: list[Callable[[], None]] = field(default_factory=list)
+    election: Election | None = None
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
@@ -31,11 +34,20 @@ class KubeFeatures:
 
 
 def start_features(
-    settings: KubernetesConfig, registry: Registry, on_api_error: Callable[[str, str], None] | None = None
+    settings: KubernetesConfig,
+    registry: Registry,
+    *,
+    leadership: Leadership | None = None,
+    metrics: Any = None,
+    liveness: Any = None,
+    start_backends: bool = True,
 ) -> KubeFeatures | None:
     """None when no feature is on (the ``kubernetes`` client is then never imported).
 
-    ``on_api_error(feature, operation)`` counts a failed API call (``Metrics.kube_api_error``)."""
+    ``leadership`` (made by the caller before it serves, so its gates hold from the first RPC) turns
+    on leader election: the backends then start syncing only when this replica leads. ``metrics``
+    (``server.metrics.Metrics``) counts the features' failed API calls and leadership changes.
+    """
     if not settings.any_enabled:
         return None
     features = KubeFeatures(connect(settings))
@@ -43,12 +55,18 @@ def start_features(
         "Kubernetes features on",
         extra={"namespace": features.connection.namespace, "identity": features.connection.identity},
     )
+    on_api_error = metrics.kube_api_error if metrics is not None else None
     try:
+        # Learned templates first: they are loaded before the first sync, on every replica.
         if settings.learned_templates.enabled:
             from server.kube.templates import start_learning
 
             learner = start_learning(features.connection, registry, settings.learned_templates, on_api_error)
             features.stoppers.append(learner.stop)
+        if leadership is not None:
+            features.election = Election(features.connection, leadership, registry, metrics, liveness, start_backends)
+            features.election.start()
+            features.stoppers.append(features.election.stop)
     except BaseException:
         features.stop()
         raise

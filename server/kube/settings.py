@@ -3,14 +3,35 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field, field_validator
+from pydantic_core import InitErrorDetails
 
-from providers.config_values import ConfigModel, Flag, duration, problem, whole_number
+from providers.config_values import (
+    ConfigModel,
+    Flag,
+    duration,
+    duration_seconds,
+    format_duration,
+    problem,
+    rule_error,
+    whole_number,
+)
 
 # A Kubernetes object name (DNS-1123 subdomain, kept to the label form every kind accepts).
 _OBJECT_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+
+
+def _seconds_or_none(value: Any) -> float | None:
+    """A duration's seconds for a cross rule; None when the value is wrong (its own check reports it)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)  # a model built in code passes seconds
+    try:
+        return duration_seconds(value)
+    except Exception:  # noqa: BLE001 - the field's own validation names the mistake
+        return None
 
 
 def kube_object_name(value: Any) -> str:
@@ -32,6 +53,34 @@ class LeaderElectionConfig(ConfigModel):
     renew_deadline: duration(1, 600) = 10.0  # type: ignore[valid-type]
     retry_period: duration(0.1, 60) = 2.0  # type: ignore[valid-type]
     _name = field_validator("lease_name", mode="before")(kube_object_name)
+
+    @classmethod
+    def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        """retry_period < renew_deadline < lease_duration: the leader gets several renewal tries before it
+        stops writing, and stops before any other replica may take the Lease over."""
+        defaults = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0}
+        seconds = {key: _seconds_or_none(raw[key]) if key in raw else value for key, value in defaults.items()}
+        lease, renew, retry = seconds["lease_duration"], seconds["renew_deadline"], seconds["retry_period"]
+        errors = []
+        if lease is not None and renew is not None and renew >= lease:
+            errors.append(
+                rule_error(
+                    "renew_deadline",
+                    f"renew_deadline ({format_duration(renew)}) is not shorter than lease_duration "
+                    f"({format_duration(lease)}): another replica could take over while this one still writes",
+                    "make renew_deadline shorter than lease_duration, e.g. 10s with 15s",
+                )
+            )
+        if renew is not None and retry is not None and retry >= renew:
+            errors.append(
+                rule_error(
+                    "retry_period",
+                    f"retry_period ({format_duration(retry)}) is not shorter than renew_deadline "
+                    f"({format_duration(renew)}): the leader would get no second try to renew before it steps down",
+                    "make retry_period a fraction of renew_deadline, e.g. 2s with 10s",
+                )
+            )
+        return errors
 
 
 class JournalConfig(ConfigModel):

@@ -383,7 +383,6 @@ def test_network_policy_lets_the_ca_reach_the_grpc_port(overlay: str) -> None:
     if overlay == "overlays/mtls-service":
         ca_labels = one(docs, "Deployment", "cluster-autoscaler")["spec"]["template"]["metadata"]["labels"]
         assert allowed.items() <= ca_labels.items()
-    assert server["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 # ---------------------------------------------------------------------------------------------------

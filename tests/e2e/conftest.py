@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.control_plane import ControlPlanePrograms
-from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, StartEnvironment
+from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, ServeBackends, StartEnvironment
 from tests.e2e.report import SUMMARY
 from tests.support.gobuild import GoBuildError, binary_path
 
@@ -98,16 +97,17 @@ def steady_seconds(request: pytest.FixtureRequest) -> float:
 
 @pytest.fixture
 def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[StartEnvironment]:
-    """A factory: ``start_environment(layout, ca_flags=None, prepare=None)`` -> a running ``E2EEnvironment``."""
+    """A factory: ``start_environment(layout, ca_flags=None, prepare=None, serve=None)`` -> a running
+    ``E2EEnvironment``."""
     started: list[E2EEnvironment] = []
 
     def start(
         layout: Layout,
         ca_flags: dict[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
-        kubernetes_features: dict[str, Any] | None = None,
+        serve: ServeBackends | None = None,
     ) -> E2EEnvironment:
-        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare, kubernetes_features)
+        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare, serve)
         started.append(env)
         return env.start()
 

@@ -1,9 +1,10 @@
 """One end-to-end environment: simulated clouds, our server, a real control plane, the node agent, the CA.
 
 Start order: the Scaleway and Bizfly simulators (on the wall clock, with short boot and deletion
-times), our server as a ``ca-externalgrpc serve`` child process in front of both, etcd +
-kube-apiserver + kube-scheduler, the node agent (which registers the machines that already run),
-and last the cluster-autoscaler binary pointed at our server. ``stop`` ends them in reverse order.
+times), etcd + kube-apiserver + kube-scheduler, our server as a ``ca-externalgrpc serve`` child
+process in front of both clouds (or what a scenario's ``serve`` starts, e.g. two replicas behind a
+proxy), the node agent (which registers the machines that already run), and last the
+cluster-autoscaler binary pointed at our server. ``stop`` ends them in reverse order.
 Everything a run writes (configs, certificates, logs) stays in its work folder for a post-mortem.
 """
 
@@ -85,10 +86,13 @@ class OurServer:
     """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), with the reads the
     scenarios check and a restart that keeps the address the CA's cloud-config names."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: Path) -> None:
-        self.log_path = workdir / "logs" / "server.log"
+    def __init__(self, config: Mapping[str, Any], workdir: Path, name: str = "server") -> None:
+        self.name = name
+        self.log_path = workdir / "logs" / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.process = ServerProcess({**config, "log": {"format": "json"}}, workdir=workdir, log_path=self.log_path)
+        self.process = ServerProcess(
+            {**config, "log": {"format": "json"}}, workdir=workdir, log_path=self.log_path, name=name
+        )
 
     @property
     def address(self) -> str:
@@ -162,11 +166,10 @@ class E2EEnvironment:
         layout: Layout,
         ca_flags: Mapping[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
-        kubernetes_features: Mapping[str, Any] | None = None,
+        serve: ServeBackends | None = None,
     ) -> None:
         self.prepare = prepare
-        # The server config's ``kubernetes:`` features; the server then talks to this cluster's API server.
-        self.kubernetes_features = dict(kubernetes_features or {})
+        self.serve = serve
         self.programs = programs
         self.workdir = workdir
         self.layout = layout
@@ -174,7 +177,7 @@ class E2EEnvironment:
         self.clock = WallClock()
         self.scaleway: ScalewaySimulator | None = None
         self.bizfly: BizflySimulator | None = None
-        self.server: OurServer | None = None
+        self.server: Any = None  # OurServer, or what ``serve`` started
         self.control_plane: ControlPlane | None = None
         self.agent: NodeAgent | None = None
         self.autoscaler: Autoscaler | None = None
@@ -199,16 +202,13 @@ class E2EEnvironment:
             scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
             bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
         ]
-        if self.kubernetes_features:
-            # The server's Kubernetes features need the API server up when it starts.
-            self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
-            connection = {"kubeconfig": str(self.control_plane.kubeconfig), "namespace": "kube-system"}
-            config = server_config(backends, kubernetes={**connection, **self.kubernetes_features})
-            self.server = OurServer(config, self.workdir)
+        # The control plane first: a server with Kubernetes features (``serve``) needs the API server.
+        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+        self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
+        if self.serve is not None:
+            self.server = self.serve(self, backends)
         else:
             self.server = OurServer(server_config(backends), self.workdir)
-            self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
-        self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         self.agent = NodeAgent(self.api, [scaleway_source(self.scaleway.url), bizfly_source(self.bizfly.url)]).start()
         self.wait_for(self._machines_registered, 30, "the running machines registered as Ready nodes")
         if self.prepare is not None:
@@ -238,7 +238,7 @@ class E2EEnvironment:
         return self.autoscaler
 
     @property
-    def ours(self) -> OurServer:
+    def ours(self) -> Any:  # OurServer, or what ``serve`` started
         assert self.server is not None
         return self.server
 
@@ -371,6 +371,22 @@ class E2EEnvironment:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (logs in {self.workdir})")
             time.sleep(interval)
+
+
+# Starts what the CA talks to, given the environment (its control plane is up) and the backends entries;
+# the result offers OurServer's reads (tests/e2e/replicas.py serves two replicas behind a proxy).
+ServeBackends = Callable[["E2EEnvironment", list[dict[str, Any]]], Any]
+
+
+def with_kubernetes(features: Mapping[str, Any]) -> ServeBackends:
+    """One server with the config's ``kubernetes:`` ``features``, talking to this cluster's API server."""
+
+    def serve(env: E2EEnvironment, backends: list[dict[str, Any]]) -> OurServer:
+        assert env.control_plane is not None
+        connection = {"kubeconfig": str(env.control_plane.kubeconfig), "namespace": "kube-system"}
+        return OurServer(server_config(backends, kubernetes={**connection, **features}), env.workdir)
+
+    return serve
 
 
 # What the ``start_environment`` fixture gives a scenario: ``start(layout, ca_flags=None, prepare=None)``.

@@ -16,7 +16,14 @@ import pytest
 from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
 from providers.bizfly.templates import build_template
-from tests.e2e.environment import E2EEnvironment, StartEnvironment, bizfly_pool, measure, scaleway_pool
+from tests.e2e.environment import (
+    E2EEnvironment,
+    StartEnvironment,
+    bizfly_pool,
+    measure,
+    scaleway_pool,
+    with_kubernetes,
+)
 from tests.e2e.pools import machines, pool_size, two_clouds
 from tests.e2e.report import publish, record_timing
 
@@ -81,7 +88,7 @@ def served_template(env: E2EEnvironment, group: str) -> tuple[dict[str, str], st
 def test_bizfly_pool_scales_from_zero_after_a_restart_on_its_last_nodes_allocatable(
     start_environment: StartEnvironment,
 ) -> None:
-    env = start_environment(HAD_A_NODE, kubernetes_features=LEARNING)
+    env = start_environment(HAD_A_NODE, serve=with_kubernetes(LEARNING))
     (first,) = machines(env, "bizfly", "big")
     group, node_allocatable, flavor_allocatable, request = scale_to_zero_and_restart(env, learning=True)
     served, debug = served_template(env, group)

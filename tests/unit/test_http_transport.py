@@ -25,6 +25,7 @@ from providers.errors import (
     CloudTimeout,
     CloudUnavailable,
     DeadlineTooShort,
+    NotLeader,
 )
 from providers.http_transport import (
     BreakerSettings,
@@ -568,3 +569,59 @@ def test_bytes_that_are_not_text_are_a_malformed_answer(server, sleeps):
     server.answer(Scripted(body=b'{"a": "\x80"}', content_type="application/json"))
     with pytest.raises(CloudUnavailable, match="malformed answer.*not UTF-8"):
         make(server, sleeps).request("GET", "/x", endpoint="/x", deadline=deadline())
+
+
+# ---------------------------------------------------------------------- the write gate (leader election)
+
+
+class Gate:
+    """Open until ``close()``; records what it was asked about."""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.asked: list[str] = []
+
+    def __call__(self, what: str) -> None:
+        self.asked.append(what)
+        if not self.open:
+            raise NotLeader(f"{what} not sent: this replica is not the leader")
+
+
+def test_a_closed_write_gate_stops_a_write_before_it_is_sent(server, sleeps):
+    gate = Gate()
+    transport = make(server, sleeps)
+    transport.guard_writes(gate)
+    transport.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 2})
+    gate.open = False
+    with pytest.raises(NotLeader, match="not the leader"):
+        transport.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 3})
+    assert [s.method for s in server.seen] == ["PATCH"]
+    assert gate.asked == ["PATCH /pools/{id}", "PATCH /pools/{id}"]
+    assert transport.breaker_state == "closed", "a refusal of our own gate says nothing about the cloud"
+
+
+def test_the_write_gate_leaves_reads_and_logins_alone(server, sleeps):
+    gate = Gate()
+    gate.open = False
+    transport = make(server, sleeps)
+    transport.guard_writes(gate)
+    transport.request("GET", "/pools", endpoint="/pools", deadline=deadline())
+    transport.request("POST", "/tokens", endpoint="/tokens", deadline=deadline(), changes_cloud=False)
+    assert len(server.seen) == 2 and gate.asked == []
+
+
+def test_a_gate_closing_between_attempts_stops_the_retry_and_keeps_the_unknown_outcome(server, sleeps):
+    gate = Gate()
+    server.answer(Scripted(status=502))
+
+    def close_gate_then_sleep(seconds: float) -> None:
+        gate.open = False
+        sleeps.append(seconds)
+
+    transport = HttpTransport(
+        "testcloud", server.url, user_agent="ca-externalgrpc-test/1", sleep=close_gate_then_sleep, rng=lambda: 0.5
+    )
+    transport.guard_writes(gate)
+    with pytest.raises(CloudOutcomeUnknown, match="not the leader"):
+        transport.request("DELETE", "/nodes/n1", endpoint="/nodes/{id}", deadline=deadline())
+    assert len(server.seen) == 1, "the retry of the idempotent DELETE was stopped by the gate"
