@@ -376,7 +376,9 @@ def test_a_huge_delete_nodes_is_refused_before_the_group_lock_and_other_rpcs_sta
         assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused
         assert refused.seconds < 1.0, refused
         assert sim.requests.count("delete_node", "DELETE") == 0
-        assert side and all(a.ok for a in side) and max(a.seconds for a in side) < 0.5, max(a.seconds for a in side)
+        # Reads take no group lock: each answers within the bound the refusal itself keeps (a read that
+        # waited for the 10,000 entries to be handled under a lock would take as long as they do, and more).
+        assert side and all(a.ok for a in side) and max(a.seconds for a in side) < 1.0, max(a.seconds for a in side)
 
         # Duplicates are dropped first: 10,000 entries naming two machines delete exactly those two.
         repeated = delete_nodes(stack, HUGE, [real[0], real[1]] * 5000)
