@@ -5,10 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from providers.registry import Registry
 from server.kube.client import KubeConnection, connect
 from server.kube.settings import KubernetesConfig
+
+if TYPE_CHECKING:
+    from server.metrics import Metrics
+    from server.service import CloudProviderService
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +35,13 @@ class KubeFeatures:
         self.connection.close()
 
 
-def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatures | None:
+def start_features(
+    settings: KubernetesConfig,
+    registry: Registry,
+    *,
+    service: CloudProviderService | None = None,
+    metrics: Metrics | None = None,
+) -> KubeFeatures | None:
     """None when no feature is on (the ``kubernetes`` client is then never imported)."""
     if not settings.any_enabled:
         return None
@@ -39,4 +50,14 @@ def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatur
         "Kubernetes features on",
         extra={"namespace": features.connection.namespace, "identity": features.connection.identity},
     )
+    if settings.events.enabled:
+        from prometheus_client import CollectorRegistry
+
+        from server.kube.events import start_events
+
+        metrics_registry = metrics.registry if metrics is not None else CollectorRegistry()
+        recorder = start_events(settings.events, features.connection, registry, metrics_registry)
+        features.stoppers.append(recorder.stop)
+        if service is not None:
+            service.scale_observers.append(recorder.scale_action)
     return features
