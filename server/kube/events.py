@@ -258,10 +258,12 @@ def scale_event(action: ScaleAction) -> EventSpec | None:
         return None
     # The cloud's reason, with every configured secret and secret-looking value masked.
     reason = redact(str(action.error)[: MAX_MESSAGE * 2])
+    # An unconfirmed change may have been applied: say so rather than "failed".
+    outcome = "was not confirmed by the cloud" if isinstance(action.error, ChangeOutcomeUnknown) else "failed"
     if action.action == "delete":
-        message = f"Deleting {len(action.nodes)} node(s) of {where} failed ({_node_names(action.nodes)}): {reason}"
+        message = f"Deleting {len(action.nodes)} node(s) of {where} {outcome} ({_node_names(action.nodes)}): {reason}"
     else:
-        message = f"{rpc} of {where} by {action.delta} failed: {reason}"
+        message = f"{rpc} of {where} by {action.delta} {outcome}: {reason}"
     return EventSpec(_FAILURE[action.action], WARNING, _cut(message), rpc, related)
 
 
