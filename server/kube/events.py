@@ -84,6 +84,8 @@ MAX_NAMED_NODES = 10
 #: after the status ConfigMap could not be written or read, try again this much later
 OBJECT_RETRY = 30.0
 DROP_REASONS = ("rate_limited", "queue_full", "api_error")
+#: how long stopping waits for the last writes
+STOP_TIMEOUT = 5.0
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
@@ -423,11 +425,12 @@ class EventRecorder:
         return self
 
     def stop(self) -> None:
-        """Write what the buckets allow of what is queued, bounded by one API timeout per write, then end."""
+        """Write what the buckets allow of what is queued (for at most STOP_TIMEOUT), then end."""
         self._stopping.set()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_STOP)  # wakes the thread at once; without it, it notices within a second
-        self._thread.join(timeout=max(5.0, 3 * self.connection.request_timeout))
+        # Bounded: an unreachable API server must not hold up the server's shutdown.
+        self._thread.join(timeout=STOP_TIMEOUT)
 
     # ------------------------------------------------------------------ the writer thread
     def _run(self) -> None:

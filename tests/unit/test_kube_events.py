@@ -3,8 +3,12 @@ Event and what it says. The writer itself is tested on the real API server (test
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from providers.config_errors import ConfigError
 from providers.errors import (
     ChangeOutcomeUnknown,
     CloudRequestRejected,
@@ -14,6 +18,7 @@ from providers.errors import (
     SizeLimitExceeded,
 )
 from providers.model import NodeRef
+from server.config import parse
 from server.kube.events import (
     FAILED_SCALE_UP,
     FAILED_TO_DELETE_NODE,
@@ -178,3 +183,36 @@ def test_a_deletion_names_its_nodes_and_relates_a_single_node() -> None:
 def test_a_huge_error_is_cut_to_a_message_the_api_server_accepts() -> None:
     spec = scale_event(action("decrease", CloudUnavailable("x" * 10_000)))
     assert spec is not None and len(spec.message) <= MAX_MESSAGE
+
+
+# ------------------------------------------------------------------------------------ configuration
+def _config_with(kubernetes: object) -> dict[str, object]:
+    backend = {"name": "scw", "type": "scaleway", "scaleway": {"cluster_id": CLUSTER_ID, "secret_key": KEY}}
+    return {"listen": "127.0.0.1:8086", "backends": [backend], "kubernetes": kubernetes}
+
+
+CLUSTER_ID = "11111111-2222-4333-8444-555555555555"
+KEY = "0f0e0d0c-0b0a-4908-8706-050403020100"
+
+
+def test_the_example_of_the_events_docs_is_a_valid_config() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text().split("## Events", 1)[1]
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    events = parse(_config_with(yaml.safe_load(block)["kubernetes"]), env={"SCW_REGION": "fr-par"}).kubernetes.events
+    assert events.enabled and (events.burst, events.refill_interval) == (25, 10.0)
+    assert (events.aggregation_window, events.status_interval) == (600.0, 10.0)
+
+
+@pytest.mark.parametrize(
+    ("events", "key"),
+    [
+        ({"burst": 0}, "burst"),
+        ({"refill_interval": "0s"}, "refill_interval"),
+        ({"object_name": "Not A Name"}, "object_name"),
+        ({"aggregation_window": 10}, "aggregation_window"),
+    ],
+)
+def test_a_bad_events_setting_is_refused_naming_its_key(events: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse(_config_with({"events": {"enabled": True, **events}}), env={"SCW_REGION": "fr-par"})
+    assert f"kubernetes.events.{key}" in str(refused.value)
