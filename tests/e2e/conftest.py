@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,15 +98,17 @@ def steady_seconds(request: pytest.FixtureRequest) -> float:
 
 @pytest.fixture
 def start_environment(programs: AutoscalerPrograms, tmp_path: Path) -> Iterator[StartEnvironment]:
-    """A factory: ``start_environment(layout, ca_flags=None, prepare=None)`` -> a running ``E2EEnvironment``."""
+    """A factory: ``start_environment(layout, ca_flags=None, prepare=None, server_kubernetes=None)`` -> a running
+    ``E2EEnvironment``."""
     started: list[E2EEnvironment] = []
 
     def start(
         layout: Layout,
         ca_flags: dict[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
+        server_kubernetes: dict[str, Any] | None = None,
     ) -> E2EEnvironment:
-        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare)
+        env = E2EEnvironment(programs, tmp_path / f"run{len(started)}", layout, ca_flags, prepare, server_kubernetes)
         started.append(env)
         return env.start()
 

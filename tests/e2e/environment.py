@@ -43,6 +43,10 @@ RESIZE_ROUTES = {"scaleway": "update_pool", "bizfly": "update_pool"}
 DELETE_ROUTES = {"scaleway": "delete_node", "bizfly": "delete_node"}
 
 
+#: where our server keeps its Kubernetes objects when a scenario switches its features on
+SERVER_NAMESPACE = "kube-system"
+
+
 @dataclass(frozen=True)
 class AutoscalerPrograms:
     control_plane: ControlPlanePrograms
@@ -162,8 +166,11 @@ class E2EEnvironment:
         layout: Layout,
         ca_flags: Mapping[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
+        server_kubernetes: Mapping[str, Any] | None = None,
     ) -> None:
         self.prepare = prepare
+        # Our server's ``kubernetes:`` section (features to switch on); the connection is filled in here.
+        self.server_kubernetes = dict(server_kubernetes) if server_kubernetes is not None else None
         self.programs = programs
         self.workdir = workdir
         self.layout = layout
@@ -196,8 +203,16 @@ class E2EEnvironment:
             scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
             bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
         ]
-        self.server = OurServer(server_config(backends), self.workdir)
         self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+        extra: dict[str, Any] = {}
+        if self.server_kubernetes is not None:
+            extra["kubernetes"] = {
+                "kubeconfig": str(self.control_plane.kubeconfig),
+                "namespace": SERVER_NAMESPACE,
+                "identity": "ca-externalgrpc-e2e",
+                **self.server_kubernetes,
+            }
+        self.server = OurServer(server_config(backends, **extra), self.workdir)
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         self.agent = NodeAgent(self.api, [scaleway_source(self.scaleway.url), bizfly_source(self.bizfly.url)]).start()
         self.wait_for(self._machines_registered, 30, "the running machines registered as Ready nodes")
@@ -339,6 +354,13 @@ class E2EEnvironment:
 
     def node_by_provider_id(self) -> dict[str, Any]:
         return {node.spec.provider_id: node for node in self.core.list_node().items}
+
+    def our_events(self) -> list[Any]:
+        """The Events our server wrote (kubernetes.events), oldest first."""
+        found = self.core.list_namespaced_event(
+            SERVER_NAMESPACE, field_selector="involvedObject.name=ca-externalgrpc-status"
+        ).items
+        return sorted(found, key=lambda e: (e.last_timestamp, e.metadata.name))
 
     def events(self, reason: str) -> list[Any]:
         return [e for e in self.core.list_event_for_all_namespaces().items if e.reason == reason]

@@ -29,6 +29,7 @@ from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, helm_template
 from tests.deploy.rendering import DEPLOY
 from tests.e2e.control_plane import ControlPlane
+from tests.e2e.report import event_listing
 
 CLUSTER = "c0c0c0c0-1111-4222-8333-5555aaaa0001"
 POOL = "e7e7e7e7-0000-4000-8000-000000000001"
@@ -175,16 +176,6 @@ def wait_for(condition: Callable[[], Any], seconds: float, what: str) -> Any:
         time.sleep(0.1)
 
 
-def listing(events: list[Any]) -> str:
-    """The events as ``kubectl get events`` prints them (LAST SEEN as a time, COUNT as a column)."""
-    rows = [("LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE")]
-    for e in sorted(events, key=lambda e: (e.last_timestamp, e.metadata.name)):
-        obj = f"{e.involved_object.kind.lower()}/{e.involved_object.name}"
-        rows.append((e.last_timestamp.strftime("%H:%M:%S"), e.type, e.reason, obj, str(e.count), e.message))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("   ".join(r[i].ljust(widths[i]) for i in range(5)) + "   " + r[5] for r in rows)
-
-
 def provider_ids(sim: ScalewaySimulator) -> list[str]:
     return sorted(n.provider_id for n in sim.nodes_of(POOL))
 
@@ -232,7 +223,7 @@ def test_each_scale_action_and_failed_cloud_write_is_one_event_on_the_status_con
         return reasons if set(reasons) >= expected else None
 
     found = wait_for(all_there, 15, "one event per action")
-    print("\n" + listing(setup.events()))
+    print("\n" + event_listing(setup.events()))
     assert set(found) == expected, sorted(found)
     assert all(len(events) == 1 and events[0].count == 1 for events in found.values())
 
@@ -268,7 +259,7 @@ def test_a_backend_going_stale_and_fresh_again_is_an_event_each(start: Callable[
     wait_for(lambda: "STALE" in setup.status(), 10, "the status ConfigMap showing the backend stale")
     setup.sim.faults.clear()
     fresh = wait_for(lambda: setup.reasons().get("BackendFresh"), 15, "BackendFresh")
-    print("\n" + listing(setup.events()))
+    print("\n" + event_listing(setup.events()))
     assert len(stale) == 1 and stale[0].type == "Warning" and "503" in stale[0].message
     assert len(fresh) == 1 and fresh[0].type == "Normal"
     assert fresh[0].last_timestamp >= stale[0].last_timestamp
@@ -295,7 +286,7 @@ def test_a_flapping_cloud_gets_at_most_burst_plus_refills_writes_and_exact_count
     wait_for(settled, 15, "every failure counted or dropped")
     elapsed = time.monotonic() - began
     events = setup.reasons()["FailedScaleUp"]
-    print(f"\n{calls} failures in {flapping:.1f}s\n" + listing(events))
+    print(f"\n{calls} failures in {flapping:.1f}s\n" + event_listing(events))
     writes = setup.metric("ca_externalgrpc_events_written_total", event_reason="FailedScaleUp")
     assert writes <= burst + elapsed / refill + 1, (writes, elapsed)
     assert len(events) <= burst + flapping / refill + 1
