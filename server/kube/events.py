@@ -171,12 +171,9 @@ class EventBook:
     def record(self, spec: EventSpec, wall: float, now: float) -> EventSeries | None:
         self._forget(now)
         found = self.series.get(spec)
-        if found is not None and found.name and now - found.last_seen_mono <= self.window:
-            found.count += 1
-            found.last_seen, found.last_seen_mono = wall, now
-            return found
-        if found is not None and found.pending and not found.name:
-            # Its create was not written yet (no token): this occurrence joins it.
+        # A repeat within the window joins its Event, and so does any repeat of one with unwritten
+        # occurrences (its count must not be lost by starting another).
+        if found is not None and (found.pending or now - found.last_seen_mono <= self.window):
             found.count += 1
             found.last_seen, found.last_seen_mono = wall, now
             return found

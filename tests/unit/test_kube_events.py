@@ -3,6 +3,8 @@ Event and what it says. The writer itself is tested on the real API server (test
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,19 @@ def test_a_bad_events_setting_is_refused_naming_its_key(events: dict[str, object
     with pytest.raises(ConfigError) as refused:
         parse(_config_with({"events": {"enabled": True, **events}}), env={"SCW_REGION": "fr-par"})
     assert f"kubernetes.events.{key}" in str(refused.value)
+
+
+def test_a_repeat_waiting_for_a_token_past_the_window_keeps_its_count() -> None:
+    events = book(burst=1, refill=100.0, window=10.0)
+    events.record(FAILURE, 0.0, 0.0)
+    assert write_all(events, 0.0) == [("create", 1)]
+    events.record(FAILURE, 5.0, 5.0)  # waits for a token (the next one comes at 100 s)
+    events.record(FAILURE, 50.0, 50.0)  # past the window, but the Event still has an unwritten occurrence
+    assert write_all(events, 100.0) == [("patch", 3)]
+
+
+def test_the_server_without_kubernetes_features_never_loads_the_kubernetes_client() -> None:
+    # The hooks the Events use live in the servicer; loading it (and the app) must not pull the client in.
+    probe = "import sys, server.app, server.service; print('kubernetes' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr
