@@ -84,8 +84,8 @@ MAX_NAMED_NODES = 10
 #: after the status ConfigMap could not be written or read, try again this much later
 OBJECT_RETRY = 30.0
 DROP_REASONS = ("rate_limited", "queue_full", "api_error")
-#: how long stopping waits for the last writes
-STOP_TIMEOUT = 5.0
+#: how long a stopping writer keeps writing what is queued (plus the API call under way)
+STOP_BUDGET = 3.0
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
@@ -380,6 +380,7 @@ class EventRecorder:
         self._status_written_at = -1e9
         self._api_failures = 0
         self._stopping = threading.Event()
+        self._stop_by = 0.0
         self._thread = threading.Thread(target=self._run, name="kube-events", daemon=True)
 
     # ------------------------------------------------------------------ hooks (any thread, never block)
@@ -422,12 +423,14 @@ class EventRecorder:
         return self
 
     def stop(self) -> None:
-        """Write what the buckets allow of what is queued (for at most STOP_TIMEOUT), then end."""
+        """Write what the buckets allow of what is queued, for STOP_BUDGET at most, then end."""
+        self._stop_by = self._clock() + STOP_BUDGET
         self._stopping.set()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(_STOP)  # wakes the thread at once; without it, it notices within a second
-        # Bounded: an unreachable API server must not hold up the server's shutdown.
-        self._thread.join(timeout=STOP_TIMEOUT)
+        # Bounded: an unreachable API server must not hold up the server's shutdown. The thread is not
+        # left running past this either: a call under way ends within request_timeout (no retries).
+        self._thread.join(timeout=STOP_BUDGET + self.connection.request_timeout + 1.0)
 
     # ------------------------------------------------------------------ the writer thread
     def _run(self) -> None:
@@ -465,13 +468,21 @@ class EventRecorder:
             if self._book.record(item.spec, item.wall, item.mono) is None:
                 self.metrics.dropped.labels("rate_limited").inc()
         now = self._clock()
-        if not self._object_uid and now >= self._object_retry_at:
+        # After a failed ConfigMap write, the next waits for OBJECT_RETRY (Events go on meanwhile).
+        status_allowed = now >= self._object_retry_at
+        if not self._object_uid and status_allowed:
             self._write_status(now, force=True)
         for series in self._book.due(now):
+            if self._out_of_time():
+                return True
             self._write_event(series)
-        if self._status_dirty.is_set() and now - self._status_written_at >= self.config.status_interval:
+        due = now - self._status_written_at >= self.config.status_interval
+        if self._status_dirty.is_set() and due and status_allowed and not self._out_of_time():
             self._write_status(now)
         return stopping
+
+    def _out_of_time(self) -> bool:
+        return self._stopping.is_set() and self._clock() > self._stop_by
 
     # ------------------------------------------------------------------ API writes
     def _api_failed(self, what: str, err: Exception) -> None:
