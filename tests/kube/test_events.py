@@ -294,11 +294,22 @@ def test_a_flapping_cloud_gets_at_most_burst_plus_refills_writes_and_exact_count
     events = setup.reasons()["FailedScaleUp"]
     print(f"\n{calls} failures in {flapping:.1f}s\n" + event_listing(events))
     writes = setup.metric("ca_externalgrpc_events_written_total", event_reason="FailedScaleUp")
+    dropped = setup.metric("ca_externalgrpc_events_dropped_total", reason="rate_limited")
+    print(f"API writes {writes:.0f} in {elapsed:.1f}s (bound {burst} + {elapsed:.1f}/{refill}), dropped {dropped:.0f}")
     assert writes <= burst + elapsed / refill + 1, (writes, elapsed)
     assert len(events) <= burst + flapping / refill + 1
     assert max(e.count for e in events) > 1  # repeats were aggregated into one Event
-    assert setup.metric("ca_externalgrpc_events_dropped_total", reason="rate_limited") > 0
+    assert dropped > 0
+    # One more repeat of an Event already written: its count grows on the same object, by a PATCH.
+    (first,) = [e for e in events if "by 1 failed" in e.message]
+    assert increase(setup, 1) is not None
+
+    def grown() -> bool:
+        return any(e.metadata.name == first.metadata.name and e.count == first.count + 1 for e in setup.events())
+
+    wait_for(grown, 10, "the repeat raising the count of the same Event")
     assert setup.metric("ca_externalgrpc_events_written_total", operation="patch") > 0
+    assert len(setup.reasons()["FailedScaleUp"]) == len(events)
 
 
 def test_an_api_server_that_refuses_every_write_never_slows_an_rpc(
