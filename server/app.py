@@ -245,6 +245,7 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
             config.kubernetes,
             registry,
             leadership=running.leadership,
+            service=service,
             metrics=metrics,
             liveness=liveness,
             start_backends=start_backends,

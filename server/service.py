@@ -11,6 +11,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -59,6 +60,19 @@ def _group_pb(group: GroupState, template_source: str) -> pb.NodeGroup:
     suffix = f" template={template_source}"
     debug = group.debug[: MAX_DEBUG - len(suffix)] + suffix
     return pb.NodeGroup(id=group.id, minSize=group.min_size, maxSize=group.max_size, debug=debug)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleAction:
+    """What one mutating RPC did, for ``CloudProviderService.scale_observers`` (Kubernetes Events)."""
+
+    backend: str
+    group_id: str
+    action: str  # increase, decrease, delete
+    delta: int  # the request's delta (0 for delete)
+    nodes: tuple[NodeRef, ...]  # the nodes of a DeleteNodes
+    target: int | None  # the group's target size after a success
+    error: DomainError | None  # why it failed, None on success
 
 
 def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -137,6 +151,8 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self.registry = registry
         self.options = dict(options or {})
         self.on_scale_action = on_scale_action
+        # Told of every mutating call's outcome after it is decided; each must return at once (no I/O).
+        self.scale_observers: list[Callable[[ScaleAction], None]] = []
         self._group_msgs: dict[str, tuple[object, pb.NodeGroupForNodeResponse]] = {}
         self._nodes_msgs: dict[str, tuple[object, pb.NodeGroupNodesResponse]] = {}
         self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
@@ -157,9 +173,26 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         return Deadline.from_grpc_remaining(context.time_remaining())
 
-    def _scale_action(self, backend: Backend, group_id: str, action: str, result: str) -> None:
+    def _scale_action(
+        self,
+        backend: Backend,
+        group_id: str,
+        action: str,
+        *,
+        delta: int = 0,
+        nodes: tuple[NodeRef, ...] = (),
+        target: int | None = None,
+        error: DomainError | None = None,
+    ) -> None:
         if self.on_scale_action is not None:
-            self.on_scale_action(backend, group_id, action, result)
+            self.on_scale_action(backend, group_id, action, "ok" if error is None else "error")
+        if self.scale_observers:
+            done = ScaleAction(backend.name, group_id, action, delta, nodes, target, error)
+            for observe in self.scale_observers:
+                try:
+                    observe(done)
+                except Exception:  # an observer must never change the answer to the CA
+                    log.exception("scale action observer failed", extra={"node_group": group_id})
 
     # --------------------------------------------------------------- cloud-provider level
     @rpc()
@@ -264,11 +297,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         gid = self._id(request)
         backend = self._backend(gid)
         try:
-            backend.increase_size(gid, request.delta, self._deadline(context))
-        except DomainError:
-            self._scale_action(backend, gid, "increase", "error")
+            target = backend.increase_size(gid, request.delta, self._deadline(context))
+        except DomainError as err:
+            self._scale_action(backend, gid, "increase", delta=request.delta, error=err)
             raise
-        self._scale_action(backend, gid, "increase", "ok")
+        self._scale_action(backend, gid, "increase", delta=request.delta, target=target)
         return pb.NodeGroupIncreaseSizeResponse()
 
     @rpc(mutating=True)
@@ -278,11 +311,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         gid = self._id(request)
         backend = self._backend(gid)
         try:
-            backend.decrease_target_size(gid, request.delta, self._deadline(context))
-        except DomainError:
-            self._scale_action(backend, gid, "decrease", "error")
+            target = backend.decrease_target_size(gid, request.delta, self._deadline(context))
+        except DomainError as err:
+            self._scale_action(backend, gid, "decrease", delta=request.delta, error=err)
             raise
-        self._scale_action(backend, gid, "decrease", "ok")
+        self._scale_action(backend, gid, "decrease", delta=request.delta, target=target)
         return pb.NodeGroupDecreaseTargetSizeResponse()
 
     @rpc(mutating=True)
@@ -294,10 +327,14 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         nodes = [_node_ref(n) for n in request.nodes]
         try:
             backend.delete_nodes(gid, nodes, self._deadline(context))
-        except DomainError:
-            self._scale_action(backend, gid, "delete", "error")
+        except DomainError as err:
+            self._scale_action(backend, gid, "delete", nodes=tuple(nodes), error=err)
             raise
-        self._scale_action(backend, gid, "delete", "ok")
+        try:
+            target: int | None = backend.target_size(gid)
+        except NodeGroupNotFound:  # the group left the snapshot meanwhile; the deletion stands
+            target = None
+        self._scale_action(backend, gid, "delete", nodes=tuple(nodes), target=target)
         return pb.NodeGroupDeleteNodesResponse()
 
     @rpc()

@@ -72,6 +72,9 @@ def connect(settings: KubernetesConfig) -> KubeConnection:
         ) from None
     # One connection pool sized for the features' background threads and the RPCs that journal.
     configuration.connection_pool_maxsize = 8
+    # No retries inside the HTTP library: by default it repeats a GET or PUT that timed out three times,
+    # so one call could last 4 x request_timeout. Each feature decides itself whether and when to retry.
+    configuration.retries = False
     return KubeConnection(
         api=client.ApiClient(configuration),
         namespace=_namespace(settings),

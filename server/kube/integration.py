@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from providers.registry import Registry
 from server.kube.client import KubeConnection, connect
 from server.kube.leader import Election, Leadership
 from server.kube.settings import KubernetesConfig
+
+if TYPE_CHECKING:
+    from server.metrics import Metrics
+    from server.service import CloudProviderService
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +42,16 @@ def start_features(
     registry: Registry,
     *,
     leadership: Leadership | None = None,
-    metrics: Any = None,
+    service: CloudProviderService | None = None,
+    metrics: Metrics | None = None,
     liveness: Any = None,
     start_backends: bool = True,
 ) -> KubeFeatures | None:
     """None when no feature is on (the ``kubernetes`` client is then never imported).
 
     ``leadership`` (made by the caller before it serves, so its gates hold from the first RPC) turns
-    on leader election: the backends then start syncing only when this replica leads. ``metrics``
-    (``server.metrics.Metrics``) counts the features' failed API calls and leadership changes.
+    on leader election: the backends then start syncing only when this replica leads. ``service``
+    tells Events of every scale action; ``metrics`` counts the features' API errors and writes.
     """
     if not settings.any_enabled:
         return None
@@ -63,6 +68,16 @@ def start_features(
 
             learner = start_learning(features.connection, registry, settings.learned_templates, on_api_error)
             features.stoppers.append(learner.stop)
+        if settings.events.enabled:
+            from prometheus_client import CollectorRegistry
+
+            from server.kube.events import start_events
+
+            metrics_registry = metrics.registry if metrics is not None else CollectorRegistry()
+            recorder = start_events(settings.events, features.connection, registry, metrics_registry)
+            features.stoppers.append(recorder.stop)
+            if service is not None:
+                service.scale_observers.append(recorder.scale_action)
         if leadership is not None:
             features.election = Election(features.connection, leadership, registry, metrics, liveness, start_backends)
             features.election.start()

@@ -108,8 +108,13 @@ class EventsConfig(ConfigModel):
     enabled: Flag = False
     # The object the Events are about (a ConfigMap the server keeps in its namespace).
     object_name: str = "ca-externalgrpc-status"
+    # Token bucket per (reason, object): at most ``burst`` API writes at once, then one per refill_interval.
     burst: whole_number(1, 1000, 25) = 25  # type: ignore[valid-type]
     refill_interval: duration(0.1, 3600) = 10.0  # type: ignore[valid-type]
+    # A repeat of the same reason and message within this window grows the existing Event's count.
+    aggregation_window: duration(1, 86400) = 600.0  # type: ignore[valid-type]
+    # The status ConfigMap is rewritten on change, at most once per this interval.
+    status_interval: duration(1, 3600) = 10.0  # type: ignore[valid-type]
     _name = field_validator("object_name", mode="before")(kube_object_name)
 
 

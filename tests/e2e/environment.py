@@ -82,6 +82,10 @@ class Layout:
         return {"timings": BIZFLY_TIMINGS, "clusters": [{"name": "e2e", "pools": self.bizfly_pools}]}
 
 
+#: where our server keeps its Kubernetes objects when a scenario switches its features on
+SERVER_NAMESPACE = "kube-system"
+
+
 class OurServer:
     """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), with the reads the
     scenarios check and a restart that keeps the address the CA's cloud-config names."""
@@ -242,6 +246,13 @@ class E2EEnvironment:
         assert self.server is not None
         return self.server
 
+    def our_events(self) -> list[Any]:
+        """The Events our server wrote (kubernetes.events), oldest first."""
+        found = self.core.list_namespaced_event(
+            SERVER_NAMESPACE, field_selector="involvedObject.name=ca-externalgrpc-status"
+        ).items
+        return sorted(found, key=lambda e: (e.last_timestamp, e.metadata.name))
+
     @property
     def scw(self) -> ScalewaySimulator:
         assert self.scaleway is not None
@@ -383,7 +394,11 @@ def with_kubernetes(features: Mapping[str, Any]) -> ServeBackends:
 
     def serve(env: E2EEnvironment, backends: list[dict[str, Any]]) -> OurServer:
         assert env.control_plane is not None
-        connection = {"kubeconfig": str(env.control_plane.kubeconfig), "namespace": "kube-system"}
+        connection = {
+            "kubeconfig": str(env.control_plane.kubeconfig),
+            "namespace": SERVER_NAMESPACE,
+            "identity": "ca-externalgrpc-e2e",
+        }
         return OurServer(server_config(backends, kubernetes={**connection, **features}), env.workdir)
 
     return serve

@@ -1,7 +1,10 @@
 """Lines the end-to-end scenarios publish for the end-of-run summary (see conftest.py): each scenario's
-timing, and figures such as the steady state's loop count."""
+timing, figures such as the steady state's loop count, and listings such as our server's Events."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
 
 from tests.e2e.environment import ScenarioTiming
 
@@ -16,3 +19,13 @@ def publish(line: str) -> None:
 
 def record_timing(timing: ScenarioTiming) -> None:
     publish(timing.line())
+
+
+def event_listing(events: Iterable[Any]) -> str:
+    """Kubernetes Events as ``kubectl get events`` lists them (the count as a column of its own)."""
+    rows = [("LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE")]
+    for e in sorted(events, key=lambda e: (e.last_timestamp, e.metadata.name)):
+        obj = f"{e.involved_object.kind.lower()}/{e.involved_object.name}"
+        rows.append((e.last_timestamp.strftime("%H:%M:%S"), e.type, e.reason, obj, str(e.count), e.message))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    return "\n".join("   ".join(row[i].ljust(widths[i]) for i in range(5)) + "   " + row[5] for row in rows)

@@ -4,11 +4,12 @@ removes the node again once it is empty, and loops without a provider error whil
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
-from tests.e2e.environment import Layout, StartEnvironment, measure, measure_removal
-from tests.e2e.report import publish, record_timing
+from tests.e2e.environment import Layout, StartEnvironment, measure, measure_removal, with_kubernetes
+from tests.e2e.report import event_listing, publish, record_timing
 
 SCW_POOL = "k8s.scaleway.com/pool-name"
 
@@ -25,7 +26,8 @@ def smoke_layout() -> Layout:
 
 @pytest.mark.timeout(300)
 def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_environment: StartEnvironment) -> None:
-    env = start_environment(smoke_layout())
+    # Our server writes Kubernetes Events too (kubernetes.events): they are listed at the end.
+    env = start_environment(smoke_layout(), serve=with_kubernetes({"events": {"enabled": True}}))
     group = env.group_id("scaleway", "general")
     (first,) = env.scaleway_nodes("general")
     # The one machine is busy: a pod pinned to it takes 2 of its 3 allocatable CPUs.
@@ -65,6 +67,17 @@ def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_env
     assert env.pod("filler").spec.node_name == first["name"]
     assert not env.events("ScaleDownFailed")
     assert not env.ca.log.provider_errors(), env.ca.log.provider_errors()
+
+    # Our server's Events: the scale-up and the node deletion, on its status ConfigMap.
+    def scaled_up_and_deleted() -> list[Any]:
+        found = env.our_events()
+        return found if {"ScaledUpGroup", "DeletedNodes"} <= {e.reason for e in found} else []
+
+    ours = env.wait_for(scaled_up_and_deleted, 15, "our server's ScaledUpGroup and DeletedNodes Events")
+    publish("smoke: our server's Events (kubectl get events -n kube-system)\n" + event_listing(ours))
+    (deleted,) = [e for e in ours if e.reason == "DeletedNodes"]
+    assert new["name"] in deleted.message and deleted.related.name == new["name"]
+    assert not [e for e in ours if e.type == "Warning"], event_listing(ours)
 
 
 def steady_layout() -> Layout:
