@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from providers.change_journal import ChangeJournal
 from providers.cloud import CloudAdapter
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import (
@@ -137,6 +138,8 @@ class Backend:
         self._max_age: float | None = None
         self._deleter: concurrent.futures.ThreadPoolExecutor | None = None
         self.listeners: list[Callable[[Backend], None]] = []  # called after every sync attempt
+        # Records size changes durably before their cloud call (providers/change_journal.py); None: memory only.
+        self.journal: ChangeJournal | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, background: bool = True) -> None:
@@ -384,6 +387,7 @@ class Backend:
         self.group(group_id)
         book = self._book(group_id)
         with book.exclusive(deadline):
+            adopted = self._adopt_pending_change(book, group_id, deadline)
             with book.cond:
                 intent = book.intent
                 if intent is not None and self._clock() - intent.at > INTENT_MEMORY:
@@ -393,21 +397,27 @@ class Backend:
             # know that the first call may have landed, or it would apply the change a second time.
             with book.cond:
                 book.intent = None
-            if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
-                # The earlier call whose answer was lost did land: this is the CA retrying it.
-                log.info(
-                    "increase already applied by an earlier call whose answer was lost",
-                    extra={"backend": self.name, "node_group": group_id, "delta": delta},
-                )
-                return group.target_size
-            desired = group.target_size + delta
-            if desired > group.max_size:
-                raise SizeLimitExceeded(
-                    f"size increase too large for node group {group_id!r}: target {group.target_size} + "
-                    f"delta {delta} = {desired} > max {group.max_size}"
-                )
-            self._write_size(book, group, desired, deadline, remember_intent=True)
-            return desired
+            writing = False
+            try:
+                if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
+                    # The earlier call whose answer was lost did land: this is the CA retrying it.
+                    log.info(
+                        "increase already applied by an earlier call whose answer was lost",
+                        extra={"backend": self.name, "node_group": group_id, "delta": delta},
+                    )
+                    return group.target_size
+                desired = group.target_size + delta
+                if desired > group.max_size:
+                    raise SizeLimitExceeded(
+                        f"size increase too large for node group {group_id!r}: target {group.target_size} + "
+                        f"delta {delta} = {desired} > max {group.max_size}"
+                    )
+                writing = True  # the write's own record replaces the adopted entry
+                self._write_size(book, group, desired, deadline, remember_intent=True)
+                return desired
+            finally:
+                if adopted and not writing and self.journal is not None:
+                    self.journal.clear(group_id)  # read back above: the entry served its purpose
 
     def decrease_target_size(self, group_id: str, delta: int, deadline: Deadline) -> int:
         if delta >= 0:
@@ -423,11 +433,15 @@ class Backend:
             # waited for outside any admission and within the deadline.
             self._await_fresh_view(book, deadline)
         with book.exclusive(deadline):
+            adopted = self._adopt_pending_change(book, group_id, deadline)
             group = self._base(book, group_id, deadline)
             running, _, _ = self._machine_counts(group_id)
             with book.cond:
                 book.view_wanted = None
             desired = group.target_size + delta
+            refused = desired < group.min_size or desired < running
+            if refused and adopted and self.journal is not None:
+                self.journal.clear(group_id)  # read back above: the entry served its purpose
             if desired < group.min_size:
                 raise SizeLimitExceeded(
                     f"size decrease too large for node group {group_id!r}: target {group.target_size} "
@@ -440,6 +454,37 @@ class Backend:
                 )
             self._write_size(book, group, desired, deadline, remember_intent=False)
             return desired
+
+    def _adopt_pending_change(self, book: GroupBook, group_id: str, deadline: Deadline) -> bool:
+        """Take a change the journal holds for the group as this server's own memory of it (call with
+        exclusive admission, before the group is read). Read at each size write rather than once at start,
+        so a replica that took over from another sees what that one left. True if an entry was adopted."""
+        if self.journal is None:
+            return False
+        pending = self.journal.pending(group_id, deadline)  # JournalUnavailable: refused, nothing sent
+        if pending is None:
+            return False
+        now = self._clock()
+        with book.cond:
+            if pending.kind == "increase" and book.intent is None:
+                book.intent = Intent(pending.base, pending.desired, now - pending.age)
+            book.mark_unknown(
+                f"the journal holds an unconfirmed size change from {pending.base} to {pending.desired} "
+                f"recorded by {pending.replica} {pending.age:.0f}s ago",
+                now,
+            )
+        log.info(
+            "adopted an unconfirmed size change from the journal; reading the group back before changing it",
+            extra={
+                "backend": self.name,
+                "node_group": group_id,
+                "base": pending.base,
+                "desired": pending.desired,
+                "recorded_by": pending.replica,
+                "age_s": round(pending.age, 1),
+            },
+        )
+        return True
 
     def _await_fresh_view(self, book: GroupBook, deadline: Deadline) -> None:
         """A listing that started after this call (or shortly before, when one already runs), or the one
@@ -507,17 +552,33 @@ class Backend:
     def _write_size(
         self, book: GroupBook, group: GroupState, desired: int, deadline: Deadline, remember_intent: bool
     ) -> None:
-        """PATCH the absolute size (exclusive admission held); an unknown outcome is read back, not guessed."""
+        """PATCH the absolute size (exclusive admission held); an unknown outcome is read back, not guessed.
+
+        With a journal, the change is recorded before the PATCH (or nothing is sent), and cleared once its
+        outcome is known; an unknown outcome stays recorded, marked as such."""
         with book.cond:
             book.pin(group.target_size, self._clock())
+        if self.journal is not None:
+            kind = "increase" if desired > group.target_size else "decrease"
+            self.journal.record(group.id, kind, group.target_size, desired, deadline)
+        settled = True
         try:
-            self.adapter.set_target_size(group, desired, deadline)
-        except CloudOutcomeUnknown as err:
-            self._read_back_size(book, group, desired, deadline, err, remember_intent)
-            return
-        with book.cond:
-            book.set_target(desired, self._clock())
-        self.sync_soon()
+            try:
+                self.adapter.set_target_size(group, desired, deadline)
+            except CloudOutcomeUnknown as err:
+                self._read_back_size(book, group, desired, deadline, err, remember_intent)
+                return
+            with book.cond:
+                book.set_target(desired, self._clock())
+            self.sync_soon()
+        except ChangeOutcomeUnknown as unknown:
+            settled = False
+            if self.journal is not None:
+                self.journal.mark_unknown(group.id, str(unknown))
+            raise
+        finally:
+            if settled and self.journal is not None:
+                self.journal.clear(group.id)
 
     def _read_back_size(
         self,

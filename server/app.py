@@ -235,7 +235,7 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     try:
-        running.kube = start_features(config.kubernetes, registry)
+        running.kube = start_features(config.kubernetes, registry, metrics)
     except BaseException:
         running.stop(grace=0)
         raise

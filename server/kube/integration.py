@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from providers.registry import Registry
 from server.kube.client import KubeConnection, connect
 from server.kube.settings import KubernetesConfig
+
+if TYPE_CHECKING:
+    from server.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,9 @@ class KubeFeatures:
         self.connection.close()
 
 
-def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatures | None:
+def start_features(
+    settings: KubernetesConfig, registry: Registry, metrics: Metrics | None = None
+) -> KubeFeatures | None:
     """None when no feature is on (the ``kubernetes`` client is then never imported)."""
     if not settings.any_enabled:
         return None
@@ -39,4 +45,9 @@ def start_features(settings: KubernetesConfig, registry: Registry) -> KubeFeatur
         "Kubernetes features on",
         extra={"namespace": features.connection.namespace, "identity": features.connection.identity},
     )
+    if settings.journal.enabled:
+        from server.kube.journal import start_journal
+
+        observe = metrics.journal_operation if metrics is not None else None
+        features.stoppers.append(start_journal(features.connection, settings.journal, registry, observe))
     return features
