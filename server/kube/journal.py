@@ -23,7 +23,6 @@ others by ``kubernetes.request_timeout``; none runs while a group's book lock is
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import logging
@@ -140,9 +139,6 @@ class Journal:
         self.wall_clock = wall_clock
         self._copy: _Copy | None = None
         self._copy_lock = threading.Lock()  # guards _copy only; never held over an API call
-        # API calls run here so that a caller waits no longer than its budget even when the client's own
-        # timeouts and connection retries would take longer (an unreachable address).
-        self._calls = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="journal-api")
         self._settles: dict[str, _Settle] = {}
         self._settle_cond = threading.Condition()
         self._stop = threading.Event()
@@ -161,7 +157,6 @@ class Journal:
             self._settle_cond.notify_all()
         if self._worker.is_alive():
             self._worker.join(timeout=self.request_timeout + 1.0)
-        self._calls.shutdown(wait=False, cancel_futures=True)
 
     def for_backend(self, backend: str) -> BackendJournal:
         return BackendJournal(self, backend)
@@ -172,32 +167,31 @@ class Journal:
 
     # ------------------------------------------------------------------ API calls
     def _call(self, what: str, fn: Callable[[float], Any], until: float) -> Any:
-        """Run ``fn(timeout)`` and wait for it no later than ``until`` (monotonic)."""
+        """Run ``fn(timeout)`` and wait for it no later than ``until`` (monotonic).
+
+        The call runs in a daemon thread of its own: the client's connection retries can take several
+        times its timeout against an address that never answers, and the caller must not wait for that
+        (nor must a stuck call delay the process's exit). Journal calls are few (three per size change).
+        """
         timeout = min(self.request_timeout, until - time.monotonic())
         if timeout < MIN_API_CALL_TIME:
             raise _Failed(f"no time left to {what} within the caller's deadline")
-
-        def bounded() -> Any:
-            if time.monotonic() > until:  # queued behind stuck calls until its caller gave up
-                raise _Failed(f"no time left to {what}")
-            return fn(timeout)
-
-        future = self._calls.submit(bounded)
-        try:
-            return future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            raise _Failed(f"the API server did not answer within {timeout:.2f}s") from None
-        except _Failed:
-            raise
-        except Exception as err:  # noqa: BLE001 - the client raises many kinds; each becomes one reason
-            status = getattr(err, "status", None)
-            if status == 409:
-                raise _Conflict() from None
-            if status is not None:
-                reason = getattr(err, "reason", "") or ""
-                detail = _api_message(getattr(err, "body", None))
-                raise _Failed(f"the API server answered {status} {reason}{': ' + detail if detail else ''}") from None
-            raise _Failed(f"the API server could not be reached ({type(err).__name__}: {_first_line(err)})") from None
+        call = _Call(fn, timeout)
+        threading.Thread(target=call.run, name="journal-api", daemon=True).start()
+        if not call.done.wait(timeout):
+            raise _Failed(f"the API server did not answer within {timeout:.2f}s")
+        err = call.error
+        if err is None:
+            return call.result
+        # The client raises ApiException (with a status) for answers and urllib3 errors for the rest.
+        status = getattr(err, "status", None)
+        if status == 409:
+            raise _Conflict()
+        if status is not None:
+            reason = getattr(err, "reason", "") or ""
+            detail = _api_message(getattr(err, "body", None))
+            raise _Failed(f"the API server answered {status} {reason}{': ' + detail if detail else ''}")
+        raise _Failed(f"the API server could not be reached ({_network_reason(err)})")
 
     def read(self, until: float) -> _Copy:
         def get(timeout: float) -> _Copy:
@@ -314,6 +308,25 @@ class Journal:
 
 
 UNCHANGED = object()
+
+
+class _Call:
+    """One API call run in its own thread: its result or error, and when it ended."""
+
+    def __init__(self, fn: Callable[[float], Any], timeout: float) -> None:
+        self.fn = fn
+        self.timeout = timeout
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn(self.timeout)
+        except Exception as err:  # noqa: BLE001 - handed to the caller, which classifies it
+            self.error = err
+        finally:
+            self.done.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,9 +506,15 @@ def _api_message(body: Any) -> str:
         return ""
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:300] if text else ""
+def _network_reason(err: BaseException) -> str:
+    """The operating system's words for a failed connection ("Connection refused"), else the error's
+    first line: urllib3 wraps them in several layers of repr."""
+    text = str(getattr(err, "reason", None) or err)
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if found:
+        return found.group(1).strip()
+    lines = text.strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:300]}" if lines else type(err).__name__
 
 
 def start_journal(
