@@ -9,6 +9,7 @@ with SIGKILL before the CA's retry, and a new process answers the retry.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import time
@@ -32,6 +33,7 @@ from server.kube.settings import JournalConfig
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, helm_template
+from tests.deploy.rendering import KUBERNETES, find_kustomize
 from tests.e2e.control_plane import ControlPlane
 
 SIDECAR_VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "values-sidecar.yaml"
@@ -306,3 +308,22 @@ def test_writes_are_guarded_by_the_resource_version_and_never_replace_another_re
     finally:
         journal.stop()
         api.close()
+
+
+def test_the_kustomize_component_grants_the_journal_what_the_helm_values_grant(tmp_path: Path) -> None:
+    # The scaleway overlay with the journal's component added, as its comment tells an operator to do.
+    overlay = tmp_path / "with-journal"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: kube-system\n"
+        f"resources:\n  - {os.path.relpath(KUBERNETES / 'overlays' / 'scaleway', overlay)}\n"
+        f"components:\n  - {os.path.relpath(KUBERNETES / 'components' / 'journal', overlay)}\n"
+    )
+    docs = find_kustomize().render(overlay)
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == JOURNAL]
+    assert role["rules"] == shipped_journal_role()["rules"]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == JOURNAL]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}]
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == "kube-system"
