@@ -50,6 +50,8 @@ MIN_API_CALL_TIME = 0.05
 MAX_CONFLICT_RETRIES = 5
 # Background settles (clear, mark unknown) that fail are retried after 1, 2, 4 ... s, this many times.
 SETTLE_ATTEMPTS = 6
+# At a clean stop, the queued settles get this long in all.
+STOP_SETTLE_TIME = 2.0
 # ConfigMap data keys allow these characters only.
 _KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
@@ -157,6 +159,21 @@ class Journal:
             self._settle_cond.notify_all()
         if self._worker.is_alive():
             self._worker.join(timeout=self.request_timeout + 1.0)
+        # A clean stop settles what is queued (one try each, bounded), so a restart adopts nothing stale.
+        with self._settle_cond:
+            left, self._settles = list(self._settles.values()), {}
+        until = time.monotonic() + STOP_SETTLE_TIME
+        for settle in left:
+            try:
+                self.modify(settle.backend, settle.operation, settle.key, settle.change, until)
+            except _Failed as err:
+                self.count(settle.backend, settle.operation, "failed")
+                log.warning(
+                    "change journal entry left for the next start to adopt",
+                    extra={"backend": settle.backend, "journal": self.where, "error": str(err)},
+                )
+            else:
+                self.count(settle.backend, settle.operation, "ok")
 
     def for_backend(self, backend: str) -> BackendJournal:
         return BackendJournal(self, backend)
@@ -273,8 +290,11 @@ class Journal:
                     continue
                 for settle in ready:
                     del self._settles[settle.key]
-            for settle in ready:
-                if self._stop.is_set():
+            for index, settle in enumerate(ready):
+                if self._stop.is_set():  # stop() settles the rest itself
+                    with self._settle_cond:
+                        for later in ready[index:]:
+                            self._settles.setdefault(later.key, later)
                     return
                 self._settle(settle)
 
