@@ -397,27 +397,23 @@ class Backend:
             # know that the first call may have landed, or it would apply the change a second time.
             with book.cond:
                 book.intent = None
-            writing = False
-            try:
-                if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
-                    # The earlier call whose answer was lost did land: this is the CA retrying it.
-                    log.info(
-                        "increase already applied by an earlier call whose answer was lost",
-                        extra={"backend": self.name, "node_group": group_id, "delta": delta},
-                    )
-                    return group.target_size
-                desired = group.target_size + delta
-                if desired > group.max_size:
-                    raise SizeLimitExceeded(
-                        f"size increase too large for node group {group_id!r}: target {group.target_size} + "
-                        f"delta {delta} = {desired} > max {group.max_size}"
-                    )
-                writing = True  # the write's own record replaces the adopted entry
-                self._write_size(book, group, desired, deadline, remember_intent=True)
-                return desired
-            finally:
-                if adopted and not writing and self.journal is not None:
-                    self.journal.clear(group_id)  # read back above: the entry served its purpose
+            if intent is not None and group.target_size == intent.desired and delta == intent.desired - intent.base:
+                # The earlier call whose answer was lost did land: this is the CA retrying it.
+                log.info(
+                    "increase already applied by an earlier call whose answer was lost",
+                    extra={"backend": self.name, "node_group": group_id, "delta": delta},
+                )
+                self._drop_adopted(adopted, group_id)
+                return group.target_size
+            desired = group.target_size + delta
+            if desired > group.max_size:
+                self._drop_adopted(adopted, group_id)
+                raise SizeLimitExceeded(
+                    f"size increase too large for node group {group_id!r}: target {group.target_size} + "
+                    f"delta {delta} = {desired} > max {group.max_size}"
+                )
+            self._write_size(book, group, desired, deadline, remember_intent=True)
+            return desired
 
     def decrease_target_size(self, group_id: str, delta: int, deadline: Deadline) -> int:
         if delta >= 0:
@@ -439,9 +435,7 @@ class Backend:
             with book.cond:
                 book.view_wanted = None
             desired = group.target_size + delta
-            refused = desired < group.min_size or desired < running
-            if refused and adopted and self.journal is not None:
-                self.journal.clear(group_id)  # read back above: the entry served its purpose
+            self._drop_adopted(adopted and (desired < group.min_size or desired < running), group_id)
             if desired < group.min_size:
                 raise SizeLimitExceeded(
                     f"size decrease too large for node group {group_id!r}: target {group.target_size} "
@@ -485,6 +479,12 @@ class Backend:
             },
         )
         return True
+
+    def _drop_adopted(self, adopted: bool, group_id: str) -> None:
+        """No write follows an adopted entry (whose write would replace it): the group was read back since,
+        so the entry served its purpose."""
+        if adopted and self.journal is not None:
+            self.journal.clear(group_id)
 
     def _await_fresh_view(self, book: GroupBook, deadline: Deadline) -> None:
         """A listing that started after this call (or shortly before, when one already runs), or the one
@@ -552,33 +552,38 @@ class Backend:
     def _write_size(
         self, book: GroupBook, group: GroupState, desired: int, deadline: Deadline, remember_intent: bool
     ) -> None:
-        """PATCH the absolute size (exclusive admission held); an unknown outcome is read back, not guessed.
+        """With a journal, record the change before the PATCH (or send nothing: JournalUnavailable), clear it
+        once its outcome is known, and mark it when the outcome stays unknown."""
+        journal = self.journal
+        if journal is None:
+            self._patch_size(book, group, desired, deadline, remember_intent)
+            return
+        kind = "increase" if desired > group.target_size else "decrease"
+        journal.record(group.id, kind, group.target_size, desired, deadline)
+        try:
+            self._patch_size(book, group, desired, deadline, remember_intent)
+        except ChangeOutcomeUnknown as unknown:
+            journal.mark_unknown(group.id, str(unknown))
+            raise
+        except BaseException:
+            journal.clear(group.id)  # a definite failure: nothing was applied
+            raise
+        journal.clear(group.id)
 
-        With a journal, the change is recorded before the PATCH (or nothing is sent), and cleared once its
-        outcome is known; an unknown outcome stays recorded, marked as such."""
+    def _patch_size(
+        self, book: GroupBook, group: GroupState, desired: int, deadline: Deadline, remember_intent: bool
+    ) -> None:
+        """PATCH the absolute size (exclusive admission held); an unknown outcome is read back, not guessed."""
         with book.cond:
             book.pin(group.target_size, self._clock())
-        if self.journal is not None:
-            kind = "increase" if desired > group.target_size else "decrease"
-            self.journal.record(group.id, kind, group.target_size, desired, deadline)
-        settled = True
         try:
-            try:
-                self.adapter.set_target_size(group, desired, deadline)
-            except CloudOutcomeUnknown as err:
-                self._read_back_size(book, group, desired, deadline, err, remember_intent)
-                return
-            with book.cond:
-                book.set_target(desired, self._clock())
-            self.sync_soon()
-        except ChangeOutcomeUnknown as unknown:
-            settled = False
-            if self.journal is not None:
-                self.journal.mark_unknown(group.id, str(unknown))
-            raise
-        finally:
-            if settled and self.journal is not None:
-                self.journal.clear(group.id)
+            self.adapter.set_target_size(group, desired, deadline)
+        except CloudOutcomeUnknown as err:
+            self._read_back_size(book, group, desired, deadline, err, remember_intent)
+            return
+        with book.cond:
+            book.set_target(desired, self._clock())
+        self.sync_soon()
 
     def _read_back_size(
         self,
