@@ -41,6 +41,7 @@ from providers.group_book import MIN_CALL_TIME
 from providers.registry import Registry
 from server.kube.client import KubeConnection
 from server.kube.settings import JournalConfig
+from server.logs import redact
 
 log = logging.getLogger(__name__)
 
@@ -477,7 +478,8 @@ class BackendJournal(ChangeJournal):
             if current is None or _entry_id(current) != target:
                 return UNCHANGED
             try:
-                return replace(Entry.from_json(current), state="unknown", reason=reason[:1000]).to_json()
+                # Masked like every error the server shows: a cloud's error body may echo a credential.
+                return replace(Entry.from_json(current), state="unknown", reason=redact(reason[:1000])).to_json()
             except (ValueError, KeyError, TypeError):
                 return UNCHANGED
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from server.kube.journal import Entry, _network_reason, entry_key
+from server.kube.journal import UNCHANGED, BackendJournal, Entry, _network_reason, entry_key
+from server.logs import clear_registered_secrets, register_secret
 
 CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
@@ -44,3 +47,31 @@ def test_a_refused_connection_is_named_in_the_systems_words() -> None:
     )
     assert _network_reason(wrapped) == "Connection refused"
     assert _network_reason(TimeoutError("read timed out")) == "TimeoutError: read timed out"
+
+
+class _QueuedSettles:
+    """Stands in for the Journal's background queue: keeps what would be sent to the API server."""
+
+    def __init__(self) -> None:
+        self.settles: list[Any] = []
+
+    def settle_later(self, settle: Any) -> None:
+        self.settles.append(settle)
+
+
+def test_the_reason_of_an_unknown_outcome_is_stored_with_secrets_masked() -> None:
+    register_secret("t0ps3cr3t-value-1234")
+    try:
+        queue = _QueuedSettles()
+        journal = BackendJournal(queue, "scw")  # type: ignore[arg-type]
+        journal._current["pool-1"] = "id1"
+        journal.mark_unknown("pool-1", "PATCH answered 504: upstream echoed X-Auth-Token t0ps3cr3t-value-1234")
+        entry = Entry("id1", "scw", "pool-1", "increase", 2, 4, "in-flight", 1796300000.0, "replica-a")
+        (settle,) = queue.settles
+        stored = settle.change(entry.to_json())
+        assert "t0ps3cr3t" not in stored
+        assert Entry.from_json(stored).state == "unknown"
+        # Another entry (a newer change of the group) is left as it is.
+        assert settle.change(replace(entry, id="id2").to_json()) is UNCHANGED
+    finally:
+        clear_registered_secrets()
