@@ -308,7 +308,8 @@ class Journal:
             self.count(settle.backend, settle.operation, "failed")
             attempts = settle.attempts + 1
             log.warning(
-                "could not update the change journal after a size change; retrying",
+                "could not update the change journal after a size change; "
+                + ("retrying" if attempts < SETTLE_ATTEMPTS else "the group's next size change adopts the entry"),
                 extra={
                     "backend": settle.backend,
                     "journal": self.where,
