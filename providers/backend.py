@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
+from providers.change_journal import ChangeJournal
 from providers.cloud import CloudAdapter
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import (
@@ -169,6 +170,8 @@ class Backend:
         self._max_age: float | None = None
         self._deleter: concurrent.futures.ThreadPoolExecutor | None = None
         self.listeners: list[Callable[[Backend], None]] = []  # called after every sync attempt
+        # Records size changes durably before their cloud call (providers/change_journal.py); None: memory only.
+        self.journal: ChangeJournal | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, background: bool = True) -> None:
@@ -518,6 +521,7 @@ class Backend:
         self.group(group_id)
         book = self._book(group_id)
         with book.exclusive(deadline):
+            adopted = self._adopt_pending_change(book, group_id, deadline)
             with book.cond:
                 intent = book.intent
                 if intent is not None and self._clock() - intent.at > INTENT_MEMORY:
@@ -533,9 +537,11 @@ class Backend:
                     "increase already applied by an earlier call whose answer was lost",
                     extra={"backend": self.name, "node_group": group_id, "delta": delta},
                 )
+                self._drop_adopted(adopted, group_id)
                 return group.target_size
             desired = group.target_size + delta
             if desired > group.max_size:
+                self._drop_adopted(adopted, group_id)
                 raise SizeLimitExceeded(
                     f"size increase too large for node group {group_id!r}: target {group.target_size} + "
                     f"delta {delta} = {desired} > max {group.max_size}"
@@ -558,11 +564,13 @@ class Backend:
             # waited for outside any admission and within the deadline.
             self._await_fresh_view(book, deadline)
         with book.exclusive(deadline):
+            adopted = self._adopt_pending_change(book, group_id, deadline)
             group = self._base(book, group_id, deadline)
             running, _, _ = self._machine_counts(group_id)
             with book.cond:
                 book.view_wanted = None
             desired = group.target_size + delta
+            self._drop_adopted(adopted and (desired < group.min_size or desired < running), group_id)
             if desired < group.min_size:
                 raise SizeLimitExceeded(
                     f"size decrease too large for node group {group_id!r}: target {group.target_size} "
@@ -575,6 +583,43 @@ class Backend:
                 )
             self._write_size(book, group, desired, deadline, remember_intent=False)
             return desired
+
+    def _adopt_pending_change(self, book: GroupBook, group_id: str, deadline: Deadline) -> bool:
+        """Take a change the journal holds for the group as this server's own memory of it (call with
+        exclusive admission, before the group is read). Read at each size write rather than once at start,
+        so a replica that took over from another sees what that one left. True if an entry was adopted."""
+        if self.journal is None:
+            return False
+        pending = self.journal.pending(group_id, deadline)  # JournalUnavailable: refused, nothing sent
+        if pending is None:
+            return False
+        now = self._clock()
+        with book.cond:
+            if pending.kind == "increase" and book.intent is None:
+                book.intent = Intent(pending.base, pending.desired, now - pending.age)
+            book.mark_unknown(
+                f"the journal holds an unconfirmed size change from {pending.base} to {pending.desired} "
+                f"recorded by {pending.replica} {pending.age:.0f}s ago",
+                now,
+            )
+        log.info(
+            "adopted an unconfirmed size change from the journal; reading the group back before changing it",
+            extra={
+                "backend": self.name,
+                "node_group": group_id,
+                "base": pending.base,
+                "desired": pending.desired,
+                "recorded_by": pending.replica,
+                "age_s": round(pending.age, 1),
+            },
+        )
+        return True
+
+    def _drop_adopted(self, adopted: bool, group_id: str) -> None:
+        """No write follows an adopted entry (whose write would replace it): the group was read back since,
+        so the entry served its purpose."""
+        if adopted and self.journal is not None:
+            self.journal.clear(group_id)
 
     def _await_fresh_view(self, book: GroupBook, deadline: Deadline) -> None:
         """A listing that started after this call (or shortly before, when one already runs), or the one
@@ -640,6 +685,27 @@ class Backend:
         )
 
     def _write_size(
+        self, book: GroupBook, group: GroupState, desired: int, deadline: Deadline, remember_intent: bool
+    ) -> None:
+        """With a journal, record the change before the PATCH (or send nothing: JournalUnavailable), clear it
+        once its outcome is known, and mark it when the outcome stays unknown."""
+        journal = self.journal
+        if journal is None:
+            self._patch_size(book, group, desired, deadline, remember_intent)
+            return
+        kind = "increase" if desired > group.target_size else "decrease"
+        journal.record(group.id, kind, group.target_size, desired, deadline)
+        try:
+            self._patch_size(book, group, desired, deadline, remember_intent)
+        except ChangeOutcomeUnknown as unknown:
+            journal.mark_unknown(group.id, str(unknown))
+            raise
+        except BaseException:
+            journal.clear(group.id)  # a definite failure: nothing was applied
+            raise
+        journal.clear(group.id)
+
+    def _patch_size(
         self, book: GroupBook, group: GroupState, desired: int, deadline: Deadline, remember_intent: bool
     ) -> None:
         """PATCH the absolute size (exclusive admission held); an unknown outcome is read back, not guessed."""

@@ -89,3 +89,8 @@ class ChangeOutcomeUnknown(DomainError):
     """A change may or may not have been applied (the cloud's answer was lost or an error, and it could
     not be read back within the caller's deadline); the server re-reads the cloud before the group's
     next change."""
+
+
+class JournalUnavailable(DomainError):
+    """The durable change journal could not record a size change before its cloud call, so nothing was
+    sent: without the record, a restart could apply the change twice. The caller may retry."""

@@ -18,6 +18,7 @@ STATUS_FOR: tuple[tuple[type[e.DomainError], grpc.StatusCode], ...] = (
     (e.CloudUnavailable, grpc.StatusCode.UNAVAILABLE),
     (e.ChangeOutcomeUnknown, grpc.StatusCode.UNAVAILABLE),
     (e.DeadlineTooShort, grpc.StatusCode.UNAVAILABLE),
+    (e.JournalUnavailable, grpc.StatusCode.UNAVAILABLE),
     (e.NotSupported, grpc.StatusCode.UNIMPLEMENTED),
 )
 

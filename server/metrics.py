@@ -173,6 +173,13 @@ class Metrics:
             ("feature", "operation"),
             registry=r,
         )
+        self.journal_operations = Counter(
+            PREFIX + "journal_operations_total",
+            "Reads and writes of the durable change journal (kubernetes.journal) by operation (read, record, "
+            "mark_unknown, clear) and result (ok, conflict: retried after a 409, failed).",
+            ("backend", "operation", "result"),
+            registry=r,
+        )
         self._snapshots = _SnapshotCollector()
         r.register(self._snapshots)
         self._groups: dict[str, set[str]] = {}
@@ -181,6 +188,10 @@ class Metrics:
     # ------------------------------------------------------------------ gRPC
     def interceptor(self) -> MetricsInterceptor:
         return MetricsInterceptor(self)
+
+    def journal_operation(self, backend: str, operation: str, result: str) -> None:
+        """One call on the change journal (server/kube/journal.py)."""
+        self.journal_operations.labels(backend, operation, result).inc()
 
     # ------------------------------------------------------------------ cloud API (transport hook)
     def for_backend(self, backend: str) -> BackendMetrics:

@@ -78,6 +78,11 @@ def start_features(
             features.stoppers.append(recorder.stop)
             if service is not None:
                 service.scale_observers.append(recorder.scale_action)
+        if settings.journal.enabled:
+            from server.kube.journal import start_journal
+
+            observe = metrics.journal_operation if metrics is not None else None
+            features.stoppers.append(start_journal(features.connection, settings.journal, registry, observe))
         if leadership is not None:
             features.election = Election(features.connection, leadership, registry, metrics, liveness, start_backends)
             features.election.start()
