@@ -361,8 +361,12 @@ class EventRecorder:
         backends: Iterable[Backend],
         metrics: EventMetrics,
         clock: Callable[[], float] = time.monotonic,
+        leads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.config = config
+        # With leader election, only the leader reports: a follower syncs nothing, so its backends'
+        # state says nothing about the clouds, and two writers would fight over the status ConfigMap.
+        self._leads = leads
         self.connection = connection
         self.backends = tuple(backends)
         self.metrics = metrics
@@ -397,6 +401,10 @@ class EventRecorder:
         self._check_backend(backend)
 
     def _check_backend(self, backend: Backend) -> None:
+        if not self._leads():
+            with self._serving_lock:
+                self._serving.clear()  # a new term starts from "serving" again, after its first sync
+            return
         health = backend.health()
         if not health.synced and health.consecutive_failures == 0:
             return  # its first sync has not ended yet: nothing to say
@@ -469,7 +477,7 @@ class EventRecorder:
                 self.metrics.dropped.labels("rate_limited").inc()
         now = self._clock()
         # After a failed ConfigMap write, the next waits for OBJECT_RETRY (Events go on meanwhile).
-        status_allowed = now >= self._object_retry_at
+        status_allowed = now >= self._object_retry_at and self._leads()
         if not self._object_uid and status_allowed:
             self._write_status(now, force=True)
         for series in self._book.due(now):
@@ -616,10 +624,17 @@ def _api_error(err: Exception) -> str:
 
 
 def start_events(
-    config: EventsConfig, connection: KubeConnection, registry: Registry, metrics_registry: CollectorRegistry
+    config: EventsConfig,
+    connection: KubeConnection,
+    registry: Registry,
+    metrics_registry: CollectorRegistry,
+    leads: Callable[[], bool] = lambda: True,
 ) -> EventRecorder:
-    """Start the writer thread and hook it to every backend's sync (the caller hooks the servicer)."""
-    recorder = EventRecorder(config, connection, registry.backends, EventMetrics(metrics_registry))
+    """Start the writer thread and hook it to every backend's sync (the caller hooks the servicer).
+
+    ``leads`` (leader election's ``Leadership.holds``): backend and status reports only while it is true.
+    """
+    recorder = EventRecorder(config, connection, registry.backends, EventMetrics(metrics_registry), leads=leads)
     for backend in registry.backends:
         backend.listeners.append(recorder.backend_synced)
     return recorder.start()

@@ -61,12 +61,16 @@ def start_features(
         extra={"namespace": features.connection.namespace, "identity": features.connection.identity},
     )
     on_api_error = metrics.kube_api_error if metrics is not None else None
+    # Without leader election this replica is the only one and always reports.
+    leads = leadership.holds if leadership is not None else (lambda: True)
     try:
         # Learned templates first: they are loaded before the first sync, on every replica.
         if settings.learned_templates.enabled:
             from server.kube.templates import start_learning
 
-            learner = start_learning(features.connection, registry, settings.learned_templates, on_api_error)
+            learner = start_learning(
+                features.connection, registry, settings.learned_templates, on_api_error, leads=leads
+            )
             features.stoppers.append(learner.stop)
         if settings.events.enabled:
             from prometheus_client import CollectorRegistry
@@ -74,7 +78,7 @@ def start_features(
             from server.kube.events import start_events
 
             metrics_registry = metrics.registry if metrics is not None else CollectorRegistry()
-            recorder = start_events(settings.events, features.connection, registry, metrics_registry)
+            recorder = start_events(settings.events, features.connection, registry, metrics_registry, leads=leads)
             features.stoppers.append(recorder.stop)
             if service is not None:
                 service.scale_observers.append(recorder.scale_action)

@@ -46,6 +46,7 @@ FORMAT_VERSION = 1
 WATCH_SECONDS = 60
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
+FOLLOWER_RECHECK = 2.0  # a follower holding back a write looks again this often (it may lead by then)
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_GONE = 410
@@ -219,8 +220,12 @@ class TemplateLearner:
         settings: LearnedTemplatesConfig,
         on_api_error: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        leads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.connection = connection
+        # With leader election every replica watches and reads (a follower has the templates ready when
+        # it takes over), and only the leader writes the ConfigMaps.
+        self._leads = leads
         self.core = connection.core()
         self.registry = registry
         self.settings = settings
@@ -427,7 +432,8 @@ class TemplateLearner:
                 return
         with self._lock:
             self._failures.pop(backend_name, None)
-            self._retry_at.pop(backend_name, None)
+            if self._leads():  # a follower keeps its recheck time (set in _read_merge_write)
+                self._retry_at.pop(backend_name, None)
 
     def _read_merge_write(self, backend_name: str) -> bool:
         """One read-merge-write round; False on a write conflict (read again)."""
@@ -455,6 +461,11 @@ class TemplateLearner:
             )
         wanted = {**stored, **{gid: text for gid, text in ours.items() if gid not in unstorable}}
         if existing is not None and wanted == stored:
+            return True
+        if not self._leads():
+            with self._lock:
+                self._dirty.add(backend_name)  # written once this replica leads
+                self._retry_at[backend_name] = self._clock() + FOLLOWER_RECHECK
             return True
         if existing is None and not wanted:
             return True  # nothing learned yet: no empty ConfigMap
@@ -534,7 +545,9 @@ def start_learning(
     registry: Registry,
     settings: LearnedTemplatesConfig,
     on_api_error: Callable[[str, str], None] | None = None,
+    leads: Callable[[], bool] = lambda: True,
 ) -> TemplateLearner:
-    learner = TemplateLearner(connection, registry, settings, on_api_error)
+    """``leads`` (leader election's ``Leadership.holds``): ConfigMap writes only while it is true."""
+    learner = TemplateLearner(connection, registry, settings, on_api_error, leads=leads)
     learner.start()
     return learner
