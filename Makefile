@@ -25,34 +25,45 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "installed into $(VENV): $(VENV)/bin/ca-externalgrpc --version prints $$($(VENV)/bin/ca-externalgrpc --version)"
 
-install: $(STAMP)
+# The native serving engine (native/, Rust): built by maturin into the venv, rebuilt when its sources
+# change. Cargo keeps its downloads in $(HOME)/.cargo and its build in native/target (both reused);
+# a first build fetches the crates from crates.io and takes a few minutes on 2 cores.
+NATIVE_STAMP := $(VENV)/.native-installed
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@command -v cargo > /dev/null || { echo "make install: the native engine needs a Rust toolchain (cargo) on PATH"; exit 1; }
+	@echo "building the native serving engine (native/) with cargo; progress below"
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --manifest-path native/Cargo.toml
+	@touch $(NATIVE_STAMP)
+
+install: $(STAMP) $(NATIVE_STAMP)
 
 # Regenerate the Python code from protos/*.proto (the only place generated code lives).
-protos: $(STAMP)
+protos: install
 	$(PY) -m server.protogen --write
 
-protos-check: $(STAMP)
+protos-check: install
 	$(PY) -m server.protogen --check
 
 # The demo: our server in front of both simulated clouds. Other ports: make run LISTEN=... HTTP_LISTEN=...
 LISTEN ?= 127.0.0.1:8086
 HTTP_LISTEN ?= 127.0.0.1:8087
-run: $(STAMP)
+run: install
 	@$(PY) -m devstack --listen $(LISTEN) --http-listen $(HTTP_LISTEN)
 
-lint: $(STAMP)
+lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: install
 	$(VENV)/bin/mypy server providers simulators devstack
 
 # The one Go build step: every binary declared by a build.toml (tests/support/gobuild.py), rebuilt
 # only when its sources or Go changed. Tests never compile; they fail with "run make build".
-build: $(STAMP)
+build: install
 	$(PY) -m tests.support.gobuild $(addprefix --group ,$(GO_BUILD_GROUPS))
 
-unit: $(STAMP)
+unit: install
 	$(PY) -m pytest -q tests/unit
 
 integration: GO_BUILD_GROUPS = conformance bench
@@ -77,7 +88,7 @@ bench: GO_BUILD_GROUPS = bench
 bench: build
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
 
-soak: $(STAMP)
+soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
 
 clean:
