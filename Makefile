@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install protos protos-check run build test unit integration conformance e2e lint typecheck bench soak clean image deploy-check
+.PHONY: install native-test protos protos-check run build test unit integration conformance e2e lint typecheck bench soak clean image deploy-check
 
 # Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
 # prints (a folder named like the package may shadow it) is filtered out; errors still show.
@@ -81,8 +81,15 @@ e2e: GO_BUILD_GROUPS = e2e
 e2e: build
 	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS)
 
-test: build
+# The Rust side of the native engine: format, lints and its own tests (cached in native/target).
+native-test: install
+	cd native && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings && cargo test --release
+
+# Every test with the default serving engine (native), then the gRPC tests (tests/integration, which
+# runs the conformance lab too) again on the pure-Python engine (grpcio).
+test: build native-test
 	$(PY) -m pytest -q tests
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration
 
 bench: GO_BUILD_GROUPS = bench
 bench: build

@@ -219,7 +219,14 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     if config.serving.engine == "native":
         native = _start_native(config)
         metrics.add_native_calls(native.native_calls)
-        server.add_insecure_port(native.grpc_address)
+        if server.add_insecure_port(native.grpc_address) == 0:
+            native.stop(0)
+            raise ListenError(
+                "serving.engine",
+                native.grpc_address,
+                "the gRPC server behind the native front",
+                "grpcio could not bind it",
+            )
         bound = native.port
     else:
         bound = _bind_grpc(server, config.listen, _credentials(config))

@@ -168,7 +168,7 @@ class TLSConfig(ConfigModel):
 class ServingConfig(ConfigModel):
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
     # gRPC port, answers the hot reads and forwards the rest to grpcio (server/native_front.py).
-    engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "grpcio"  # type: ignore[valid-type]
+    engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "native"  # type: ignore[valid-type]
 
 
 class LogConfig(ConfigModel):

@@ -7,7 +7,9 @@ rules as the grpcio path, and
 
 * answers the hot reads (NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions,
   NodeGroupNodes) from tables of serialized answers that this module builds with the servicer's own
-  code and publishes after every sync attempt and every mutating call, so the bytes are the servicer's;
+  code and publishes after every sync attempt and every mutating call, so the bytes are the servicer's.
+  GetOptions of a group with per-group options depends on the defaults the caller sends: the front
+  forwards the first such call and then gives Python's answer to every call with the same defaults;
 * forwards everything else unchanged over HTTP/2 to the grpcio server, which listens only on a unix
   socket in a private directory: errors (empty id, unknown group, undecodable bytes), Refresh,
   mutations, templates, pricing, health, reflection, with their codes, messages, interceptors and
@@ -97,6 +99,7 @@ class NativeFront:
         self._service = service
         service.after_mutation = self.publish
         service.on_labels_recorded = self._front.mark_observed
+        service.on_options_answered = self._front.learn_options
         self.publish()
 
     def on_sync(self, _backend: object) -> None:
@@ -141,6 +144,7 @@ def build_tables(service: CloudProviderService) -> dict[str, Any]:
     observed: list[str] = []
     target_size: dict[str, bytes] = {}
     options: dict[str, bytes] = {}
+    options_by_defaults: list[str] = []
     nodes: dict[str, bytes] = {}
     for backend in registry.backends:
         snapshot = backend.snapshot
@@ -168,6 +172,8 @@ def build_tables(service: CloudProviderService) -> dict[str, Any]:
                 target_size[gid] = size
             if group_options is not None:
                 options[gid] = group_options
+            elif answers[1] is None:
+                options_by_defaults.append(gid)
             if instances is not None:
                 nodes[gid] = instances
     return {
@@ -178,5 +184,6 @@ def build_tables(service: CloudProviderService) -> dict[str, Any]:
         "observed": observed,
         "target_size": target_size,
         "options": options,
+        "options_by_defaults": options_by_defaults,
         "nodes": nodes,
     }

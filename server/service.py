@@ -146,9 +146,12 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
         self._observed: dict[str, int] = {}
         # Hooks of the native engine (server/native_front.py): republish the hot answers before a
-        # mutation's answer goes out; learn that a group's node labels are recorded for this snapshot.
+        # mutation's answer goes out; learn that a group's node labels are recorded for this snapshot;
+        # learn the options answer for a group with per-group options and the caller's defaults.
         self.after_mutation: Callable[[], None] | None = None
         self.on_labels_recorded: Callable[[str], None] | None = None
+        # (group, serialized defaults, serialized answer) of a GetOptions answer built from per-group options
+        self.on_options_answered: Callable[[str, bytes, bytes], None] | None = None
 
     # --------------------------------------------------------------- helpers
     @staticmethod
@@ -383,8 +386,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     def NodeGroupGetOptions(
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: grpc.ServicerContext
     ) -> pb.NodeGroupAutoscalingOptionsResponse:
-        response = self.options_response(self._id(request), request.defaults)
+        gid = self._id(request)
+        response = self.options_response(gid, request.defaults)
         assert response is not None  # the request always has defaults (an empty message if unset)
+        if self.on_options_answered is not None and gid in self.options:
+            self.on_options_answered(gid, request.defaults.SerializeToString(), response.SerializeToString())
         return response
 
 

@@ -45,7 +45,9 @@ pub fn tls_acceptor(cert: &[u8], key: &[u8], client_ca: Option<&[u8]>) -> Result
             let mut roots = rustls::RootCertStore::empty();
             for ca in CertificateDer::pem_slice_iter(pem) {
                 let ca = ca.map_err(|e| format!("tls.client_ca: not a PEM certificate ({e})"))?;
-                roots.add(ca).map_err(|e| format!("tls.client_ca: unusable certificate ({e})"))?;
+                roots
+                    .add(ca)
+                    .map_err(|e| format!("tls.client_ca: unusable certificate ({e})"))?;
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
@@ -65,7 +67,7 @@ fn os_error(err: &std::io::Error) -> PyErr {
 }
 
 /// The running front. Construct it to bind and serve; `stop` drains it.
-#[pyclass(frozen)]
+#[pyclass(frozen, module = "ca_externalgrpc_native")]
 struct Front {
     shared: Arc<Shared>,
     port: u16,
@@ -92,7 +94,9 @@ impl Front {
         threads: usize,
     ) -> PyResult<Self> {
         let tls = match (cert, key) {
-            (Some(cert), Some(key)) => Some(tls_acceptor(&cert, &key, client_ca.as_deref()).map_err(PyValueError::new_err)?),
+            (Some(cert), Some(key)) => {
+                Some(tls_acceptor(&cert, &key, client_ca.as_deref()).map_err(PyValueError::new_err)?)
+            }
             (None, None) => None,
             _ => return Err(PyValueError::new_err("cert and key go together")),
         };
@@ -107,7 +111,13 @@ impl Front {
         let shared = Arc::new(Shared::new(upstream, buckets));
         let (stop, stopped) = watch::channel(None);
         let done = runtime.spawn(serve::serve(listeners, tls, shared.clone(), stopped));
-        Ok(Front { shared, port: bound, stop, runtime: Mutex::new(Some(runtime)), done: Mutex::new(Some(done)) })
+        Ok(Front {
+            shared,
+            port: bound,
+            stop,
+            runtime: Mutex::new(Some(runtime)),
+            done: Mutex::new(Some(done)),
+        })
     }
 
     #[getter]
@@ -116,7 +126,7 @@ impl Front {
     }
 
     /// Replace the answer tables (each answer a serialized response message; see `server/native_front.py`).
-    #[pyo3(signature = (node_groups, unmanaged, groups, for_node, observed, target_size, options, nodes))]
+    #[pyo3(signature = (node_groups, unmanaged, groups, for_node, observed, target_size, options, options_by_defaults, nodes))]
     #[allow(clippy::too_many_arguments)]
     fn publish(
         &self,
@@ -127,10 +137,14 @@ impl Front {
         observed: Vec<String>,
         target_size: HashMap<String, Vec<u8>>,
         options: HashMap<String, Vec<u8>>,
+        options_by_defaults: Vec<String>,
         nodes: HashMap<String, Vec<u8>>,
     ) -> PyResult<()> {
         if let Some(bad) = for_node.values().find(|&&i| i >= groups.len()) {
-            return Err(PyValueError::new_err(format!("for_node names group index {bad} of {}", groups.len())));
+            return Err(PyValueError::new_err(format!(
+                "for_node names group index {bad} of {}",
+                groups.len()
+            )));
         }
         let observed_now: std::collections::HashSet<String> = observed.into_iter().collect();
         let bytes = |map: HashMap<String, Vec<u8>>| map.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
@@ -141,14 +155,25 @@ impl Front {
                 .iter()
                 .map(|(gid, _)| (gid.clone(), AtomicBool::new(observed_now.contains(gid))))
                 .collect(),
-            groups: groups.into_iter().map(|(gid, answer)| (gid, Bytes::from(answer))).collect(),
+            groups: groups
+                .into_iter()
+                .map(|(gid, answer)| (gid, Bytes::from(answer)))
+                .collect(),
             for_node,
             target_size: bytes(target_size),
             options: bytes(options),
+            options_by_defaults: options_by_defaults.into_iter().collect(),
             nodes: bytes(nodes),
         };
         self.shared.published.publish(tables);
         Ok(())
+    }
+
+    /// Python answered GetOptions for `group` with `answer` to a request whose defaults were `defaults`.
+    fn learn_options(&self, group: String, defaults: Vec<u8>, answer: Vec<u8>) {
+        self.shared
+            .published
+            .learn_options(group, Bytes::from(defaults), Bytes::from(answer));
     }
 
     /// Python has recorded a node's labels for `group` in its current snapshot.
@@ -163,10 +188,19 @@ impl Front {
 
     /// Stop accepting, let open calls finish for at most `grace` seconds, close the rest.
     fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
-        let Some(runtime) = self.runtime.lock().map_err(|_| PyRuntimeError::new_err("poisoned"))?.take() else {
+        let Some(runtime) = self
+            .runtime
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("poisoned"))?
+            .take()
+        else {
             return Ok(());
         };
-        let done = self.done.lock().map_err(|_| PyRuntimeError::new_err("poisoned"))?.take();
+        let done = self
+            .done
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("poisoned"))?
+            .take();
         let _ = self.stop.send(Some(Duration::from_secs_f64(grace.max(0.0))));
         py.allow_threads(move || {
             if let Some(done) = done {

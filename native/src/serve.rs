@@ -41,7 +41,10 @@ impl Shared {
         Shared {
             published: Published::default(),
             metrics: CallMetrics::new(bounds),
-            upstream: Upstream { path: upstream_path, sender: Mutex::new(None) },
+            upstream: Upstream {
+                path: upstream_path,
+                sender: Mutex::new(None),
+            },
         }
     }
 }
@@ -60,7 +63,9 @@ impl Upstream {
                 return Ok(sender.clone());
             }
         }
-        let stream = UnixStream::connect(&self.path).await.map_err(|e| format!("connect: {e}"))?;
+        let stream = UnixStream::connect(&self.path)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .handshake(TokioIo::new(stream))
             .await
@@ -135,8 +140,16 @@ impl Body for Answer {
 }
 
 fn answer(message: Bytes) -> Response<ProxyBody> {
-    let mut response = Response::new(Answer { message: Some(message), done: false }.boxed());
-    response.headers_mut().insert("content-type", HeaderValue::from_static("application/grpc"));
+    let mut response = Response::new(
+        Answer {
+            message: Some(message),
+            done: false,
+        }
+        .boxed(),
+    );
+    response
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
     response
 }
 
@@ -189,11 +202,19 @@ async fn read_unary(mut body: Incoming) -> Result<Bytes, Replayed> {
                 }
                 frames.push_back(frame);
                 if !is_data || data.len() > MAX_REQUEST + 5 {
-                    return Err(Replayed { read: frames, rest: Some(body) });
+                    return Err(Replayed {
+                        read: frames,
+                        rest: Some(body),
+                    });
                 }
             }
             // The client broke the stream: forwarding what arrived lets grpcio see the same.
-            Some(Err(_)) => return Err(Replayed { read: frames, rest: None }),
+            Some(Err(_)) => {
+                return Err(Replayed {
+                    read: frames,
+                    rest: None,
+                })
+            }
         }
     }
     let mut whole = data.clone().freeze();
@@ -202,7 +223,10 @@ async fn read_unary(mut body: Incoming) -> Result<Bytes, Replayed> {
         header.get_u32() as usize == whole.len() - 5
     };
     if !plain {
-        return Err(Replayed { read: frames, rest: None });
+        return Err(Replayed {
+            read: frames,
+            rest: None,
+        });
     }
     whole.advance(5);
     Ok(whole)
@@ -225,7 +249,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     let body: ProxyBody = match (method, tables) {
         (Some(method), Some(tables)) => match read_unary(body).await {
             Ok(message) => {
-                if let Decision::Answer(bytes) = decide(&tables, method, &message) {
+                if let Decision::Answer(bytes) = decide(&shared.published, &tables, method, &message) {
                     shared.metrics.record(method, started.elapsed().as_secs_f64());
                     return Ok(answer(bytes));
                 }
@@ -233,7 +257,11 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
                 framed.put_u8(0);
                 framed.put_u32(message.len() as u32);
                 framed.put(message);
-                Replayed { read: VecDeque::from([Frame::data(framed.freeze())]), rest: None }.boxed()
+                Replayed {
+                    read: VecDeque::from([Frame::data(framed.freeze())]),
+                    rest: None,
+                }
+                .boxed()
             }
             Err(replayed) => replayed.boxed(),
         },
@@ -241,7 +269,12 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     };
     let mut forwarded = Request::from_parts(parts, body);
     if forwarded.uri().scheme().is_none() || forwarded.uri().authority().is_none() {
-        let path = forwarded.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+        let path = forwarded
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_string();
         *forwarded.uri_mut() = format!("http://localhost{path}").parse().expect("a path makes a URI");
     }
     Ok(shared.upstream.forward(forwarded).await)

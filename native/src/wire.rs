@@ -24,11 +24,19 @@ pub struct Field {
 }
 
 const fn field(number: u64, kind: Kind) -> Field {
-    Field { number, kind, repeated: false }
+    Field {
+        number,
+        kind,
+        repeated: false,
+    }
 }
 
 const fn repeated(number: u64, kind: Kind) -> Field {
-    Field { number, kind, repeated: true }
+    Field {
+        number,
+        kind,
+        repeated: true,
+    }
 }
 
 const MAP_ENTRY: &[Field] = &[field(1, Kind::Str), field(2, Kind::Str)];
@@ -111,7 +119,11 @@ fn next_field<'a>(data: &mut &'a [u8]) -> Option<Raw<'a>> {
         }
         _ => return None, // groups (3, 4) and invalid types: leave them to Python
     };
-    Some(Raw { number, wire_type, bytes })
+    Some(Raw {
+        number,
+        wire_type,
+        bytes,
+    })
 }
 
 fn wire_type(kind: Kind) -> u64 {
@@ -128,7 +140,9 @@ pub fn plain(data: &[u8], schema: &[Field]) -> bool {
     let mut seen: u64 = 0; // bit per schema position (schemas here have fewer than 64 fields)
     while !rest.is_empty() {
         let Some(raw) = next_field(&mut rest) else { return false };
-        let Some(position) = schema.iter().position(|f| f.number == raw.number) else { continue };
+        let Some(position) = schema.iter().position(|f| f.number == raw.number) else {
+            continue;
+        };
         let known = schema[position];
         if raw.wire_type != wire_type(known.kind) {
             return false;

@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 # the Scaleway backend's entry, any other key at the top level.
 OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours": {},
+    "ours-grpcio": {"serving": {"engine": "grpcio"}},
+    "ours-native": {"serving": {"engine": "native"}},
 }
 # The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
 FLOOR_VARIANTS: dict[str, list[str]] = {

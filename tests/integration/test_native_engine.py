@@ -133,14 +133,24 @@ def test_errors_are_pythons_own(stack: Stack, method: str, request_bytes: bytes)
     assert native_counts(stack) == before, "an error is never answered natively"
 
 
-def test_options_that_depend_on_the_callers_defaults_come_from_python(stack: Stack) -> None:
-    request = pb.NodeGroupAutoscalingOptionsRequest(
-        id=TUNED, defaults=pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=0.5)
-    ).SerializeToString()
-    before = native_counts(stack).get("NodeGroupGetOptions", 0)
-    answer = pb.NodeGroupAutoscalingOptionsResponse.FromString(raw_call(stack.channel, "NodeGroupGetOptions", request))
-    assert answer.nodeGroupAutoscalingOptions.scaleDownUtilizationThreshold == pytest.approx(0.3)
-    assert native_counts(stack).get("NodeGroupGetOptions", 0) == before
+def test_options_that_depend_on_the_callers_defaults_are_learned_from_python(stack: Stack) -> None:
+    def request(threshold: float) -> bytes:
+        defaults = pb.NodeGroupAutoscalingOptions(scaleDownUtilizationThreshold=threshold)
+        return pb.NodeGroupAutoscalingOptionsRequest(id=TUNED, defaults=defaults).SerializeToString()
+
+    def answered_natively(threshold: float) -> int:
+        before = native_counts(stack).get("NodeGroupGetOptions", 0)
+        answer = raw_call(stack.channel, "NodeGroupGetOptions", request(threshold))
+        assert answer == raw_call(python_channel(stack), "NodeGroupGetOptions", request(threshold))
+        got = pb.NodeGroupAutoscalingOptionsResponse.FromString(answer).nodeGroupAutoscalingOptions
+        assert got.scaleDownUtilizationThreshold == pytest.approx(0.3)  # the group's own option
+        return native_counts(stack).get("NodeGroupGetOptions", 0) - before
+
+    assert answered_natively(0.5) == 0, "the first call with these defaults is Python's"
+    assert answered_natively(0.5) == 1, "then the front gives Python's answer"
+    assert answered_natively(0.6) == 0, "other defaults: Python again"
+    stack.advance(1)  # a new snapshot keeps what was learned
+    assert answered_natively(0.5) == 1
 
 
 def test_a_size_change_is_visible_in_the_next_native_answer(stack: Stack) -> None:
