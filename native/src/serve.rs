@@ -295,12 +295,16 @@ pub async fn serve(
         let tx = accepted_tx.clone();
         accepting.push(tokio::spawn(async move {
             loop {
-                if let Ok((stream, _)) = listener.accept().await {
-                    // No Nagle: a small answer would otherwise wait for the client's delayed ACK.
-                    let _ = stream.set_nodelay(true);
-                    if tx.send(stream).await.is_err() {
-                        return;
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        // No Nagle: a small answer would otherwise wait for the client's delayed ACK.
+                        let _ = stream.set_nodelay(true);
+                        if tx.send(stream).await.is_err() {
+                            return;
+                        }
                     }
+                    // Out of file descriptors and the like: wait instead of spinning on the error.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             }
         }));
