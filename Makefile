@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install protos protos-check run build test unit integration conformance e2e kube lint typecheck bench soak clean image deploy-check
+.PHONY: install native-test protos protos-check run build test unit integration conformance e2e kube lint typecheck bench soak clean image deploy-check
 
 # Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
 # prints (a folder named like the package may shadow it) is filtered out; errors still show.
@@ -25,34 +25,45 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "installed into $(VENV): $(VENV)/bin/ca-externalgrpc --version prints $$($(VENV)/bin/ca-externalgrpc --version)"
 
-install: $(STAMP)
+# The native serving engine (native/, Rust): built by maturin into the venv, rebuilt when its sources
+# change. Cargo keeps its downloads in $(HOME)/.cargo and its build in native/target (both reused);
+# a first build fetches the crates from crates.io and takes a few minutes on 2 cores.
+NATIVE_STAMP := $(VENV)/.native-installed
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@command -v cargo > /dev/null || { echo "make install: the native engine needs a Rust toolchain (cargo) on PATH"; exit 1; }
+	@echo "building the native serving engine (native/) with cargo; progress below"
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --manifest-path native/Cargo.toml
+	@touch $(NATIVE_STAMP)
+
+install: $(STAMP) $(NATIVE_STAMP)
 
 # Regenerate the Python code from protos/*.proto (the only place generated code lives).
-protos: $(STAMP)
+protos: install
 	$(PY) -m server.protogen --write
 
-protos-check: $(STAMP)
+protos-check: install
 	$(PY) -m server.protogen --check
 
 # The demo: our server in front of both simulated clouds. Other ports: make run LISTEN=... HTTP_LISTEN=...
 LISTEN ?= 127.0.0.1:8086
 HTTP_LISTEN ?= 127.0.0.1:8087
-run: $(STAMP)
+run: install
 	@$(PY) -m devstack --listen $(LISTEN) --http-listen $(HTTP_LISTEN)
 
-lint: $(STAMP)
+lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: install
 	$(VENV)/bin/mypy server providers simulators devstack
 
 # The one Go build step: every binary declared by a build.toml (tests/support/gobuild.py), rebuilt
 # only when its sources or Go changed. Tests never compile; they fail with "run make build".
-build: $(STAMP)
+build: install
 	$(PY) -m tests.support.gobuild $(addprefix --group ,$(GO_BUILD_GROUPS))
 
-unit: $(STAMP)
+unit: install
 	$(PY) -m pytest -q tests/unit
 
 integration: GO_BUILD_GROUPS = conformance bench
@@ -76,14 +87,22 @@ kube: GO_BUILD_GROUPS = e2e
 kube: build
 	$(PY) -m pytest -q tests/kube
 
-test: build
+
+# The Rust side of the native engine: format, lints and its own tests (cached in native/target).
+native-test: install
+	cd native && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings && cargo test --release
+
+# Every test with the default serving engine (native), then the gRPC tests (tests/integration, which
+# runs the conformance lab too) again on the pure-Python engine (grpcio).
+test: build native-test
 	$(PY) -m pytest -q tests
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration
 
 bench: GO_BUILD_GROUPS = bench
 bench: build
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
 
-soak: $(STAMP)
+soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
 
 clean:

@@ -56,6 +56,18 @@ SCW_SECRET = "3f0c2b4e-5d6a-4b7c-8d9e-0a1b2c3d4e5f"
 # The upstream providers' variables override the config file; a child server must not inherit them.
 CLOUD_ENV_PREFIXES = ("SCW_", "BIZFLYCLOUD_", "CLUSTER_")
 START_TIMEOUT_SECONDS = 60.0
+# Which serving engine the servers started here use when their config does not say (grpcio or
+# native): `make test` runs the gRPC tests once per engine by setting it.
+ENGINE_ENV = "CA_EXTERNALGRPC_TEST_ENGINE"
+
+
+def with_test_engine(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` with ``serving.engine`` from $CA_EXTERNALGRPC_TEST_ENGINE, unless it names one itself."""
+    config = dict(raw)
+    engine = os.environ.get(ENGINE_ENV)
+    if engine and "serving" not in config:
+        config["serving"] = {"engine": engine}
+    return config
 
 
 class ServerStartError(RuntimeError):
@@ -121,7 +133,7 @@ class InProcessServer:
         base: Path | None = None,
         credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
-        self.raw = dict(raw)
+        self.raw = with_test_engine(raw)
         self.config: ServerConfig = parse(self.raw, env=dict(env or {}), base=base or Path.cwd())
         self.credentials = credentials
         self.restarts = 0
@@ -336,7 +348,7 @@ class ServerProcess(ChildProcess):
         # The config and the ready file live in workdir (a fresh temporary directory by default).
         # ``listen`` stays port 0; only tests of the off-loopback rules pick another host.
         workdir = workdir or Path(tempfile.mkdtemp(prefix="ca-externalgrpc-"))
-        config = {**raw_config, "listen": listen, "http_listen": ANY_LOOPBACK_PORT}
+        config = {**with_test_engine(raw_config), "listen": listen, "http_listen": ANY_LOOPBACK_PORT}
         self.config_path = write_config(workdir / f"{name}.yaml", config)
         self.ready_path = workdir / f"{name}.ready.json"
         self.credentials = credentials

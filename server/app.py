@@ -7,6 +7,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +26,11 @@ from server.decoding import DecodingInterceptor
 from server.group_overrides import UnmatchedOverrideCheck
 from server.kube.integration import KubeFeatures, start_features
 from server.kube.leader import Leadership
-from server.metrics import Metrics
+from server.metrics import GRPC_BUCKETS, Metrics
+from server.native_front import NativeEngineMissing, NativeFront
 from server.prewrapped import PrewrappingServer
 from server.probes import HttpEndpoint, Liveness, serve_probes
-from server.service import SERVICE_NAME, CloudProviderService
+from server.service import SERVICE_NAME, CloudProviderService, log_rpc_calls
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,7 @@ class RunningServer:
     http: HttpEndpoint | None = None
     kube: KubeFeatures | None = None
     leadership: Leadership | None = None  # with leader election on: this replica's role
+    native: NativeFront | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -179,6 +182,11 @@ class RunningServer:
         self._stopped.set()
         self.health.enter_graceful_shutdown()
         grace = self.config.shutdown_grace if grace is None else grace
+        if self.native is not None:
+            # The front holds every client connection, forwarded calls included: drain it first.
+            started = time.monotonic()
+            self.native.stop(grace)
+            grace = max(0.0, grace - (time.monotonic() - started))
         self.grpc_server.stop(grace).wait(grace + 1)
         self.registry.stop()
         if self.kube is not None:
@@ -209,20 +217,36 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registering)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), registering)
-    creds = _credentials(config)
-    bound = _bind_grpc(server, config.listen, creds)
+    native = None
+    if config.serving.engine == "native":
+        native = _start_native(config)
+        metrics.add_native_calls(native.native_calls)
+        if server.add_insecure_port(native.grpc_address) == 0:
+            native.stop(0)
+            raise ListenError(
+                "serving.engine",
+                native.grpc_address,
+                "the gRPC server behind the native front",
+                "grpcio could not bind it",
+            )
+        bound = native.port
+    else:
+        bound = _bind_grpc(server, config.listen, _credentials(config))
     liveness = Liveness(executor)
     running = RunningServer(config, server, registry, service, health_servicer, bound, liveness, metrics)
     if config.kubernetes.leader_election.enabled:
         # Before the ports open: a replica is a follower (refuses mutating RPCs, unready) until elected.
         running.leadership = Leadership(config.kubernetes.leader_election)
         service.mutation_guard = running.leadership.check_mutation
+    running.native = native
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:
             running.http = serve_probes(*config.http_listen, running)
         except OSError as err:
             server.stop(None)
+            if native is not None:
+                native.stop(0)
             http_host, http_port = config.http_listen
             raise ListenError(
                 "http_listen", _join(http_host, http_port), "the HTTP probes and /metrics", _bind_reason(err)
@@ -235,6 +259,13 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     metrics.watch_backends(registry.backends)
     for backend in registry.backends:
         running.update_health(backend)
+    if native is not None:
+        if log_rpc_calls():
+            log.info("per-call debug logs are on: the native engine forwards every call to Python")
+        else:
+            native.feed_from(service)
+            for backend in registry.backends:
+                backend.listeners.append(native.on_sync)
     # Listen before the first sync: meanwhile Refresh answers UNAVAILABLE saying the first sync is
     # pending, which the CA logs, instead of the CA (and the kubelet) meeting a closed port.
     server.start()
@@ -269,10 +300,33 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
             "http_address": running.http_address,
             "tls": config.tls is not None,
             "mtls": bool(config.tls and config.tls.client_ca),
+            "engine": config.serving.engine,
             "backends": [b.name for b in registry.backends],
         },
     )
     return running
+
+
+def _start_native(config: ServerConfig) -> NativeFront:
+    """Bind the CA-facing port with the native front (same TLS rules as ``_credentials``)."""
+    host, port = config.listen
+    tls = None
+    if config.tls is not None:
+        client_ca = _read_pem("tls.client_ca", config.tls.client_ca) if config.tls.client_ca is not None else None
+        tls = (_read_pem("tls.cert", config.tls.cert), _read_pem("tls.key", config.tls.key), client_ca)
+    problem = _bind_problem(host, port)
+    if problem is None:
+        try:
+            return NativeFront(host, port, GRPC_BUCKETS, tls)
+        except NativeEngineMissing as err:
+            raise ConfigError.single(
+                "serving.engine", str(err), "run make install, or set serving.engine: grpcio"
+            ) from None
+        except ValueError as err:  # the extension's word on the PEM files
+            raise ConfigError.single("tls", str(err), "give PEM files the server can use") from None
+        except OSError as err:
+            problem = _bind_reason(err)
+    raise ListenError("listen", _join(host, port), "gRPC", problem)
 
 
 def _join(host: str, port: int) -> str:

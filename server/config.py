@@ -49,6 +49,7 @@ __all__ = [
     "ConfigError",
     "GroupConfig",
     "ServerConfig",
+    "ServingConfig",
     "TLSConfig",
     "Validation",
     "load",
@@ -162,6 +163,12 @@ class TLSConfig(ConfigModel):
         if reason:
             raise problem(reason, "give the PEM bundle of the CA that signs the clients' certificates")
         return path
+
+
+class ServingConfig(ConfigModel):
+    # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
+    # gRPC port, answers the hot reads and forwards the rest to grpcio (server/native_front.py).
+    engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "native"  # type: ignore[valid-type]
 
 
 class LogConfig(ConfigModel):
@@ -316,6 +323,7 @@ class ServerConfig(ConfigModel):
     shutdown_grace: duration(0, 3600) = 15.0  # type: ignore[valid-type]
     log: LogConfig = LogConfig()
     max_workers: whole_number(1, 256, 16) = 16  # type: ignore[valid-type]
+    serving: ServingConfig = ServingConfig()
     backends: tuple[BackendConfig, ...] = ()
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
 

@@ -29,7 +29,7 @@ import platform
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -42,11 +42,13 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from server.interceptors import UnaryInterceptor
 
@@ -100,20 +102,26 @@ class Metrics:
         )
         self.build_info.labels(**info).set(1)
         grpc_labels = ("grpc_type", "grpc_service", "grpc_method")
-        self.grpc_started = Counter("grpc_server_started_total", "RPCs started on the server.", grpc_labels, registry=r)
+        # Not registered themselves: the collector below reports them with the calls the native
+        # engine answered added in (server/native_front.py), so both land in the same series.
+        self.grpc_started = Counter(
+            "grpc_server_started_total", "RPCs started on the server.", grpc_labels, registry=None
+        )
         self.grpc_handled = Counter(
             "grpc_server_handled_total",
             "RPCs completed on the server, regardless of success or failure.",
             (*grpc_labels, "grpc_code"),
-            registry=r,
+            registry=None,
         )
         self.grpc_handling_seconds = Histogram(
             "grpc_server_handling_seconds",
             "Time the server took to handle an RPC, from receipt to the handler returning.",
             grpc_labels,
             buckets=GRPC_BUCKETS,
-            registry=r,
+            registry=None,
         )
+        self._server_calls = _ServerCallsCollector(self.grpc_started, self.grpc_handled, self.grpc_handling_seconds)
+        r.register(self._server_calls)
         self.cloud_requests = Counter(
             PREFIX + "cloud_api_requests_total",
             "HTTP requests (attempts) sent to a cloud API, by outcome (HTTP status or error class).",
@@ -192,6 +200,10 @@ class Metrics:
     def journal_operation(self, backend: str, operation: str, result: str) -> None:
         """One call on the change journal (server/kube/journal.py)."""
         self.journal_operations.labels(backend, operation, result).inc()
+
+    def add_native_calls(self, source: Callable[[], Sequence[NativeCall]]) -> None:
+        """Report the calls ``source`` counted (the native engine's) in the gRPC server series."""
+        self._server_calls.native = source
 
     # ------------------------------------------------------------------ cloud API (transport hook)
     def for_backend(self, backend: str) -> BackendMetrics:
@@ -395,6 +407,48 @@ class _SnapshotCollector(Collector):
             stale_family.add_metric((name,), 1 if health.stale else 0)
         yield age_family
         yield stale_family
+
+
+#: one method's natively answered calls: (method, calls, count per bucket of GRPC_BUCKETS then +Inf, seconds)
+NativeCall = tuple[str, int, Sequence[int], float]
+_SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
+
+
+class _ServerCallsCollector(Collector):
+    """The three gRPC server families, the native engine's calls (all unary, all OK) added in."""
+
+    def __init__(self, started: Counter, handled: Counter, seconds: Histogram) -> None:
+        self._families = (started, handled, seconds)
+        self.native: Callable[[], Sequence[NativeCall]] | None = None
+
+    def describe(self) -> list[Metric]:
+        return [family for metric in self._families for family in metric.describe()]
+
+    def collect(self) -> Iterable[Metric]:
+        native = list(self.native()) if self.native is not None else []
+        started, handled, seconds = (next(iter(metric.collect())) for metric in self._families)
+        for method, calls, buckets, total in native:
+            labels = {"grpc_type": "unary", "grpc_service": _SERVICE, "grpc_method": method}
+            _add(started, "grpc_server_started_total", labels, calls)
+            _add(handled, "grpc_server_handled_total", {**labels, "grpc_code": "OK"}, calls)
+            cumulative = 0
+            for bound, count in zip((*GRPC_BUCKETS, float("inf")), buckets, strict=True):
+                cumulative += count
+                _add(
+                    seconds, "grpc_server_handling_seconds_bucket", {**labels, "le": floatToGoString(bound)}, cumulative
+                )
+            _add(seconds, "grpc_server_handling_seconds_count", labels, calls)
+            _add(seconds, "grpc_server_handling_seconds_sum", labels, total)
+        return [started, handled, seconds]
+
+
+def _add(family: Metric, name: str, labels: dict[str, str], value: float) -> None:
+    """Add ``value`` to the sample ``name{labels}`` of ``family``, creating it if Python never served one."""
+    for index, sample in enumerate(family.samples):
+        if sample.name == name and sample.labels == labels:
+            family.samples[index] = sample._replace(value=sample.value + value)
+            return
+    family.samples.append(Sample(name, labels, value))
 
 
 # ---------------------------------------------------------------------- gRPC interceptor

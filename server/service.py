@@ -33,7 +33,8 @@ from server.node_encoding import encode_template
 log = logging.getLogger("server.rpc")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CloudProvider"].full_name
-_UNMANAGED = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
+#: NodeGroupForNode's answer for a node of no group
+UNMANAGED_ANSWER = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
 _EMPTY_OPTIONS = pb.NodeGroupAutoscalingOptionsResponse()
 
 R = TypeVar("R")
@@ -88,12 +89,18 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
                 if mutating and self.mutation_guard is not None:
                     self.mutation_guard(name)  # a follower replica refuses before anything else
                 result = method(self, request, context)
+                if mutating:
+                    self.mutated()
             except DomainError as err:
+                if mutating:
+                    self.mutated()  # a failed change may still have moved the pending state
                 code = status_for(err)
                 message = _details(err)
                 _log(name, mutating, request, code.name, start, message)
                 context.abort(code, message)
             except Exception:  # a bug must answer INTERNAL, never crash the server or hang
+                if mutating:
+                    self.mutated()
                 log.exception("unexpected failure", extra={"grpc_method": name})
                 context.abort(grpc.StatusCode.INTERNAL, f"{name} failed unexpectedly; see the server log")
             if mutating or log.isEnabledFor(logging.DEBUG):
@@ -119,6 +126,11 @@ def _details(err: DomainError) -> str:
         # Cut before redacting (redaction costs time per character); the cut text is redacted whole.
         text = text[: MAX_DETAILS - 16] + " ...(truncated)"
     return redact(text)
+
+
+def log_rpc_calls() -> bool:
+    """Whether every read is logged (debug level), not only mutations and errors."""
+    return log.isEnabledFor(logging.DEBUG)
 
 
 def _log(method: str, mutating: bool, request: Any, code: str, start: float, message: str) -> None:
@@ -159,6 +171,13 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self._observed: dict[str, int] = {}
         # Leader election: raises NotLeader (UNAVAILABLE) for a mutating RPC on a replica that may not write.
         self.mutation_guard: Callable[[str], None] | None = None
+        # Hooks of the native engine (server/native_front.py): republish the hot answers before a
+        # mutation's answer goes out; learn that a group's node labels are recorded for this snapshot;
+        # learn the options answer for a group with per-group options and the caller's defaults.
+        self.after_mutation: Callable[[], None] | None = None
+        self.on_labels_recorded: Callable[[str], None] | None = None
+        # (group, serialized defaults, serialized answer) of a GetOptions answer built from per-group options
+        self.on_options_answered: Callable[[str, bytes, bytes], None] | None = None
 
     # --------------------------------------------------------------- helpers
     @staticmethod
@@ -172,6 +191,55 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     def _deadline(self, context: grpc.ServicerContext) -> Deadline:
         return Deadline.from_grpc_remaining(context.time_remaining())
+
+    def mutated(self) -> None:
+        if self.after_mutation is not None:
+            self.after_mutation()
+
+    def labels_recorded(self, group_id: str, version: int) -> bool:
+        """Whether a node's labels were recorded for the group in snapshot ``version``."""
+        return self._observed.get(group_id) == version
+
+    # --------------------------------------------------------------- answers of the hot reads
+    # One place builds each: the handlers below and the native engine's published tables.
+    def node_groups_response(self) -> pb.NodeGroupsResponse:
+        return pb.NodeGroupsResponse(
+            nodeGroups=[_group_pb(g, b.template_source(g.id)) for b, g in self.registry.all_groups()]
+        )
+
+    def for_node_response(self, backend: Backend, gid: str) -> pb.NodeGroupForNodeResponse:
+        key = backend.template_key(gid)  # the debug string names the template's source
+        cached = self._group_msgs.get(gid)
+        if cached is None or cached[0] != key:
+            group_pb = _group_pb(backend.group(gid), backend.template_source(gid))
+            cached = (key, pb.NodeGroupForNodeResponse(nodeGroup=group_pb))
+            self._group_msgs[gid] = cached
+        return cached[1]
+
+    def target_size_response(self, gid: str) -> pb.NodeGroupTargetSizeResponse:
+        return pb.NodeGroupTargetSizeResponse(targetSize=self._backend(gid).target_size(gid))
+
+    def nodes_response(self, gid: str) -> pb.NodeGroupNodesResponse:
+        backend = self._backend(gid)
+        key = backend.view_key(gid)
+        cached = self._nodes_msgs.get(gid)
+        if cached is None or cached[0] != key:
+            response = pb.NodeGroupNodesResponse(instances=[_instance_pb(i) for i in backend.instances(gid)])
+            cached = (key, response)
+            self._nodes_msgs[gid] = cached
+        return cached[1]
+
+    def options_response(
+        self, gid: str, defaults: pb.NodeGroupAutoscalingOptions | None
+    ) -> pb.NodeGroupAutoscalingOptionsResponse | None:
+        """The answer for ``gid``; None when it depends on the request's defaults and none are given."""
+        self._backend(gid)
+        override = self.options.get(gid)
+        if override is None:
+            return _EMPTY_OPTIONS  # every CA version then uses its own flag defaults
+        if defaults is None:
+            return None
+        return compat.build_options(defaults, override)
 
     def _scale_action(
         self,
@@ -197,9 +265,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     # --------------------------------------------------------------- cloud-provider level
     @rpc()
     def NodeGroups(self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext) -> pb.NodeGroupsResponse:
-        return pb.NodeGroupsResponse(
-            nodeGroups=[_group_pb(g, b.template_source(g.id)) for b, g in self.registry.all_groups()]
-        )
+        return self.node_groups_response()
 
     @rpc()
     def NodeGroupForNode(
@@ -208,20 +274,18 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         node = request.node
         found = self.registry.group_for_provider_id(node.providerID or node.name)
         if found is None:
-            return _UNMANAGED
+            return UNMANAGED_ANSWER
         backend, gid = found
-        version = backend.snapshot.version
-        key = backend.template_key(gid)  # the debug string names the template's source
-        cached = self._group_msgs.get(gid)
-        if cached is None or cached[0] != key:
-            group_pb = _group_pb(backend.group(gid), backend.template_source(gid))
-            cached = (key, pb.NodeGroupForNodeResponse(nodeGroup=group_pb))
-            self._group_msgs[gid] = cached
-        if node.labels and self._observed.get(gid) != version:
-            # A real node of this group: remember its labels for scale-from-zero templates.
-            self._observed[gid] = version
-            backend.observe_node(gid, dict(node.labels))
-        return cached[1]
+        response = self.for_node_response(backend, gid)
+        if node.labels:
+            version = backend.snapshot.version
+            if self._observed.get(gid) != version:
+                # A real node of this group: remember its labels for scale-from-zero templates.
+                self._observed[gid] = version
+                backend.observe_node(gid, dict(node.labels))
+            if self.on_labels_recorded is not None:
+                self.on_labels_recorded(gid)
+        return response
 
     @rpc()
     def PricingNodePrice(
@@ -287,8 +351,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     def NodeGroupTargetSize(
         self, request: pb.NodeGroupTargetSizeRequest, context: grpc.ServicerContext
     ) -> pb.NodeGroupTargetSizeResponse:
-        gid = self._id(request)
-        return pb.NodeGroupTargetSizeResponse(targetSize=self._backend(gid).target_size(gid))
+        return self.target_size_response(self._id(request))
 
     @rpc(mutating=True)
     def NodeGroupIncreaseSize(
@@ -341,15 +404,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     def NodeGroupNodes(
         self, request: pb.NodeGroupNodesRequest, context: grpc.ServicerContext
     ) -> pb.NodeGroupNodesResponse:
-        gid = self._id(request)
-        backend = self._backend(gid)
-        key = backend.view_key(gid)
-        cached = self._nodes_msgs.get(gid)
-        if cached is None or cached[0] != key:
-            response = pb.NodeGroupNodesResponse(instances=[_instance_pb(i) for i in backend.instances(gid)])
-            cached = (key, response)
-            self._nodes_msgs[gid] = cached
-        return cached[1]
+        return self.nodes_response(self._id(request))
 
     @rpc()
     def NodeGroupTemplateNodeInfo(
@@ -383,11 +438,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         self, request: pb.NodeGroupAutoscalingOptionsRequest, context: grpc.ServicerContext
     ) -> pb.NodeGroupAutoscalingOptionsResponse:
         gid = self._id(request)
-        self._backend(gid)
-        override = self.options.get(gid)
-        if override is None:
-            return _EMPTY_OPTIONS  # every CA version then uses its own flag defaults
-        return compat.build_options(request.defaults, override)
+        response = self.options_response(gid, request.defaults)
+        assert response is not None  # the request always has defaults (an empty message if unset)
+        if self.on_options_answered is not None and gid in self.options:
+            self.on_options_answered(gid, request.defaults.SerializeToString(), response.SerializeToString())
+        return response
 
 
 def _overrides(adapter: CloudAdapter, method: str) -> bool:

@@ -39,6 +39,8 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours": {},
     # Syncs on a timer every interval instead of at the CA's Refresh (sync.follow_refresh: false).
     "ours-timer": {"backend": {"sync": {"follow_refresh": False}}},
+    "ours-grpcio": {"serving": {"engine": "grpcio"}},
+    "ours-native": {"serving": {"engine": "native"}},
 }
 # The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
 FLOOR_VARIANTS: dict[str, list[str]] = {

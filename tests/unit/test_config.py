@@ -62,6 +62,7 @@ def run_cli(*args, env=None):
         (config(tls={"cert": "/nonexistent.crt"}), "tls.key"),
         (config(log={"format": "xml"}), "log.format"),
         (config(max_workers=0), "max_workers"),
+        (config(serving={"engine": "rust"}), "serving.engine"),
         (config(unknown_key=1), "unknown_key"),
         (config(shutdown_grace=15), "shutdown_grace"),
         ({"backends": [{"type": "aws"}]}, "backends[0].type"),

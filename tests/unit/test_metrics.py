@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from server.metrics import Metrics, MetricsInterceptor
+from server.metrics import GRPC_BUCKETS, Metrics, MetricsInterceptor
 from server.probes import Liveness, readiness, serve_http
 
 SERVICE = "test.Echo"
@@ -424,3 +424,32 @@ def test_liveness_on_a_real_thread_pool_recovers_once_the_stuck_worker_is_releas
         release.set()
         pool.submit(lambda: None).result(timeout=5)  # FIFO: the canary has run by now
         assert live.check()[0]
+
+
+def test_calls_the_native_engine_answered_join_the_grpc_server_series():
+    metrics = Metrics()
+    service = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
+    labels = ("unary", service, "NodeGroupTargetSize")
+    metrics.grpc_started.labels(*labels).inc()
+    metrics.grpc_handled.labels(*labels, "OK").inc()
+    metrics.grpc_handled.labels(*labels, "NOT_FOUND").inc()
+    metrics.grpc_handling_seconds.labels(*labels).observe(0.002)
+    # 3 calls in the first bucket (<= 0.5 ms), 1 in the +Inf slot, as the extension reports them
+    per_bucket = [3] + [0] * (len(GRPC_BUCKETS) - 1) + [1]
+    metrics.add_native_calls(
+        lambda: [("NodeGroupTargetSize", 4, per_bucket, 12.5), ("NodeGroups", 2, [2] + [0] * 14, 0.001)]
+    )
+    text = metrics.exposition().decode()
+    where = f'grpc_method="NodeGroupTargetSize",grpc_service="{service}",grpc_type="unary"'
+    assert f"grpc_server_started_total{{{where}}} 5.0" in text
+    assert f'grpc_server_handled_total{{grpc_code="OK",{where}}} 5.0' in text
+    assert f'grpc_server_handled_total{{grpc_code="NOT_FOUND",{where}}} 1.0' in text
+    assert f'grpc_server_handling_seconds_bucket{{{where},le="0.0005"}} 3.0' in text
+    assert f'grpc_server_handling_seconds_bucket{{{where},le="0.0025"}} 4.0' in text  # Python's 2 ms call
+    assert f'grpc_server_handling_seconds_bucket{{{where},le="+Inf"}} 5.0' in text
+    assert f"grpc_server_handling_seconds_count{{{where}}} 5.0" in text
+    assert f"grpc_server_handling_seconds_sum{{{where}}} 12.502" in text
+    only_native = f'grpc_method="NodeGroups",grpc_service="{service}",grpc_type="unary"'
+    assert f"grpc_server_started_total{{{only_native}}} 2.0" in text
+    assert f'grpc_server_handling_seconds_bucket{{{only_native},le="10.0"}} 2.0' in text
+    assert text.count("# TYPE grpc_server_handled_total counter") == 1

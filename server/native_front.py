@@ -1,0 +1,189 @@
+"""The native serving engine (``serving.engine: native``): a Rust front before the grpcio server.
+
+grpcio costs about 500 µs per call here whatever the handler does, twice grpc-go, and the CA's loop is
+thousands of strictly sequential reads (docs/performance.md). With this engine the extension
+``ca_externalgrpc_native`` (``native/``) owns the CA-facing socket, plaintext or TLS with the same
+rules as the grpcio path, and
+
+* answers the hot reads (NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions,
+  NodeGroupNodes) from tables of serialized answers that this module builds with the servicer's own
+  code and publishes after every sync attempt and every mutating call, so the bytes are the servicer's.
+  GetOptions of a group with per-group options depends on the defaults the caller sends: the front
+  forwards the first such call and then gives Python's answer to every call with the same defaults;
+* forwards everything else unchanged over HTTP/2 to the grpcio server, which listens only on a unix
+  socket in a private directory: errors (empty id, unknown group, undecodable bytes), Refresh,
+  mutations, templates, pricing, health, reflection, with their codes, messages, interceptors and
+  metrics as on the grpcio engine. A request the tables cannot answer exactly is forwarded too.
+
+NodeGroupForNode records a group's node labels once per snapshot (templates for scale-from-zero): a
+call that carries labels for a group not recorded in the current snapshot is forwarded, and Python
+marks the group recorded in the front once it has them. With per-call debug logging on (``log.level:
+debug``) nothing is published, so every call reaches Python and is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from providers.errors import DomainError
+from server.service import UNMANAGED_ANSWER, CloudProviderService
+
+log = logging.getLogger(__name__)
+
+#: grpcio refuses to send a larger answer (``grpc.max_send_message_length`` in server/app.py); such an
+#: answer is left to it.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+NativeCalls = list[tuple[str, int, list[int], float]]
+
+
+class NativeEngineMissing(ImportError):
+    """The extension is not installed in this environment."""
+
+
+def load_extension() -> Any:
+    try:
+        import ca_externalgrpc_native
+    except ImportError as err:
+        raise NativeEngineMissing(
+            f"the native serving engine is not installed ({err}); run `make install` (builds native/ with "
+            "Rust and maturin) or set serving.engine: grpcio"
+        ) from None
+    return ca_externalgrpc_native
+
+
+class NativeFront:
+    """The running front and what feeds it; ``publish`` after any change the hot reads could see."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        buckets: Sequence[float],
+        tls: tuple[bytes, bytes, bytes | None] | None,
+        threads: int = 2,
+    ) -> None:
+        extension = load_extension()
+        # The grpcio server listens only here: a directory only this user can enter, so the forwarded
+        # port cannot be used to get around the front's TLS and client certificates.
+        self._socket_dir = tempfile.mkdtemp(prefix="ca-externalgrpc-")
+        self.upstream = os.path.join(self._socket_dir, "grpc.sock")
+        cert, key, client_ca = tls if tls is not None else (None, None, None)
+        try:
+            self._front = extension.Front(
+                host, port, self.upstream, list(buckets), cert=cert, key=key, client_ca=client_ca, threads=threads
+            )
+        except BaseException:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            raise
+        self._lock = threading.Lock()  # one publication at a time: a slower, older one never lands last
+        self._service: CloudProviderService | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._front.port)
+
+    @property
+    def grpc_address(self) -> str:
+        """Where grpcio must listen."""
+        return "unix:" + self.upstream
+
+    def feed_from(self, service: CloudProviderService) -> None:
+        """Publish ``service``'s answers now and after every change it reports."""
+        self._service = service
+        service.after_mutation = self.publish
+        service.on_labels_recorded = self._front.mark_observed
+        service.on_options_answered = self._front.learn_options
+        self.publish()
+
+    def on_sync(self, _backend: object) -> None:
+        """Backend listener: a sync attempt may have swapped the snapshot."""
+        self.publish()
+
+    def publish(self) -> None:
+        service = self._service
+        if service is None:
+            return
+        with self._lock:
+            try:
+                tables = build_tables(service)
+            except Exception:  # a failed publication leaves the last one; Python still answers the rest
+                log.exception("building the native engine's answers failed")
+                return
+            self._front.publish(**tables)
+
+    def native_calls(self) -> NativeCalls:
+        calls: NativeCalls = self._front.native_calls()
+        return calls
+
+    def stop(self, grace: float) -> None:
+        """Stop accepting, let open calls (forwarded ones too) finish for at most ``grace`` seconds."""
+        self._front.stop(grace)
+        shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+
+def _fits(message: Any) -> bytes | None:
+    data: bytes = message.SerializeToString()
+    return data if len(data) <= MAX_ANSWER_BYTES else None
+
+
+def build_tables(service: CloudProviderService) -> dict[str, Any]:
+    """The hot answers of ``service`` as it would give them now, keyed as the front looks them up.
+
+    Only answers the servicer gives with status OK are published; every error is Python's to give.
+    """
+    registry = service.registry
+    groups: list[tuple[str, bytes]] = []
+    for_node: dict[str, int] = {}
+    observed: list[str] = []
+    target_size: dict[str, bytes] = {}
+    options: dict[str, bytes] = {}
+    options_by_defaults: list[str] = []
+    nodes: dict[str, bytes] = {}
+    for backend in registry.backends:
+        snapshot = backend.snapshot
+        index_of: dict[str, int] = {}
+        for gid in snapshot.groups:
+            index_of[gid] = len(groups)
+            groups.append((gid, service.for_node_response(backend, gid).SerializeToString()))
+            if service.labels_recorded(gid, snapshot.version):
+                observed.append(gid)
+        for provider_id, gid in snapshot.by_provider_id.items():
+            for_node.setdefault(provider_id, index_of[gid])  # the first backend that knows it, as Registry
+        for gid in snapshot.groups:
+            if gid in target_size or registry.backend_for_group(gid) is not backend:
+                continue
+            try:
+                answers = (
+                    service.target_size_response(gid),
+                    service.options_response(gid, None),
+                    service.nodes_response(gid),
+                )
+            except DomainError:
+                continue  # e.g. the snapshot swapped while building: that publication follows this one
+            size, group_options, instances = (_fits(a) if a is not None else None for a in answers)
+            if size is not None:
+                target_size[gid] = size
+            if group_options is not None:
+                options[gid] = group_options
+            elif answers[1] is None:
+                options_by_defaults.append(gid)
+            if instances is not None:
+                nodes[gid] = instances
+    return {
+        "node_groups": service.node_groups_response().SerializeToString(),
+        "unmanaged": UNMANAGED_ANSWER.SerializeToString(),
+        "groups": groups,
+        "for_node": for_node,
+        "observed": observed,
+        "target_size": target_size,
+        "options": options,
+        "options_by_defaults": options_by_defaults,
+        "nodes": nodes,
+    }
