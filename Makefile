@@ -28,10 +28,21 @@ $(STAMP): pyproject.toml
 # The native serving engine (native/, Rust): built by maturin into the venv, rebuilt when its sources
 # change. Cargo keeps its downloads in $(HOME)/.cargo and its build in native/target (both reused);
 # a first build fetches the crates from crates.io and takes a few minutes on 2 cores.
+# rustup looks for its toolchains in $RUSTUP_HOME, by default ~/.rustup. With HOME pointed at a fresh
+# folder (a clean CI home) it finds none, so fall back to the toolchains installed beside the cargo on
+# PATH (rustup keeps ~/.cargo/bin and ~/.rustup side by side).
+ifeq ($(RUSTUP_HOME),)
+ifneq ($(shell cargo --version > /dev/null 2>&1 || echo broken),)
+RUSTUP_BESIDE_CARGO := $(abspath $(dir $(shell command -v cargo))/../../.rustup)
+ifneq ($(wildcard $(RUSTUP_BESIDE_CARGO)/toolchains),)
+export RUSTUP_HOME := $(RUSTUP_BESIDE_CARGO)
+endif
+endif
+endif
 NATIVE_STAMP := $(VENV)/.native-installed
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
 $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
-	@command -v cargo > /dev/null || { echo "make install: the native engine needs a Rust toolchain (cargo) on PATH"; exit 1; }
+	@cargo --version > /dev/null 2>&1 || { echo "make install: the native engine needs a working Rust toolchain (cargo on PATH; with rustup, a default toolchain)"; exit 1; }
 	@echo "building the native serving engine (native/) with cargo; progress below"
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --manifest-path native/Cargo.toml
 	@touch $(NATIVE_STAMP)
