@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,3 +42,31 @@ def bind_user(
                 "subjects": subjects,
             }
         )
+    wait_until_effective(admin, namespace, user, [*role_rules, *cluster_role_rules])
+
+
+def wait_until_effective(
+    admin: client.ApiClient, namespace: str, user: str, rules: Sequence[dict[str, Any]], timeout: float = 10.0
+) -> None:
+    """Return once the API server's authorizer grants ``user`` one permission of every rule.
+
+    The authorizer learns of new bindings through its informers, a moment after they are created; a server
+    started at once could see its first calls refused, which is not what a test of the shipped rules means.
+    """
+    authorization = client.AuthorizationV1Api(admin)
+    deadline = time.monotonic() + timeout
+    for rule in rules:
+        resource, _, subresource = rule["resources"][0].partition("/")
+        attributes = {
+            "namespace": namespace,
+            "group": rule["apiGroups"][0],
+            "resource": resource,
+            "subresource": subresource or None,
+            "verb": rule["verbs"][0],
+            "name": (rule.get("resourceNames") or [None])[0],
+        }
+        review = {"spec": {"user": user, "resourceAttributes": attributes}}
+        while not authorization.create_subject_access_review(review).status.allowed:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{user} is still refused {attributes} {timeout:.0f}s after its binding")
+            time.sleep(0.05)
