@@ -118,3 +118,27 @@ def helm_template(
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} failed:\n{proc.stderr}")
     return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+VALUES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "helm"
+#: the sidecar layout, and the second values file that adds the RBAC of the server's Kubernetes features
+SIDECAR_VALUES = VALUES_DIR / "values-sidecar.yaml"
+SIDECAR_FEATURES_VALUES = VALUES_DIR / "values-sidecar-kubernetes-features.yaml"
+
+
+def ca_roles(docs: tuple[dict[str, Any], ...]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rules of the chart's own Role and ClusterRole (the CA's service account; the sidecar's too)."""
+    found = {d["kind"]: d["rules"] for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    roles = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+    assert len(roles) == 2 and set(found) == {"Role", "ClusterRole"}, [
+        (d["kind"], d["metadata"]["name"]) for d in roles
+    ]
+    return found["Role"], found["ClusterRole"]
+
+
+def sidecar_roles(
+    source: ChartSource, with_features: bool, kube_version: str = "1.34.0"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Role and ClusterRole rules the sidecar runs under: values-sidecar.yaml, plus the features file."""
+    values = (SIDECAR_VALUES, SIDECAR_FEATURES_VALUES) if with_features else (SIDECAR_VALUES,)
+    return ca_roles(helm_template(source, values, kube_version))

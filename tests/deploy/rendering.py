@@ -8,8 +8,10 @@ toolchain is the only thing that needs to be installed for that). If none works 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -115,3 +117,50 @@ def mounted_volume(deployment: dict[str, Any], container_name: str, mount_path: 
     mounts = {m["mountPath"]: m for m in container(deployment, container_name).get("volumeMounts", [])}
     assert mount_path in mounts, f"{container_name} mounts nothing at {mount_path}: {sorted(mounts)}"
     return volume(deployment, mounts[mount_path]["name"])
+
+
+@cache
+def render_with_components(overlay: str, components: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    """An overlay with more kustomize components, as an operator adds them (paths relative to deploy/kubernetes)."""
+    with tempfile.TemporaryDirectory(prefix="kustomize-") as directory:
+        root = Path(directory)
+        lines = [
+            "apiVersion: kustomize.config.k8s.io/v1beta1",
+            "kind: Kustomization",
+            "resources:",
+            f"  - {os.path.relpath(KUBERNETES / overlay, root)}",
+            "components:",
+            *(f"  - {os.path.relpath(KUBERNETES / component, root)}" for component in components),
+        ]
+        (root / "kustomization.yaml").write_text("\n".join(lines) + "\n")
+        return tuple(find_kustomize().render(root))
+
+
+#: one RBAC permission: (API group, resource, verb, object name or "*" for any)
+Permission = tuple[str, str, str, str]
+
+
+def permissions(rules: Sequence[dict[str, Any]]) -> set[Permission]:
+    """The rules of a Role or ClusterRole flattened to single permissions."""
+    return {
+        (group, resource, verb, name)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+        for name in rule.get("resourceNames") or ["*"]
+    }
+
+
+def service_account_roles(
+    docs: Sequence[dict[str, Any]], account: str, namespace: str = "kube-system"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The rules of every Role and of every ClusterRole bound to a ServiceAccount, in that order."""
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+    rules: dict[str, list[dict[str, Any]]] = {"Role": [], "ClusterRole": []}
+    for binding_kind in ("RoleBinding", "ClusterRoleBinding"):
+        for binding in objects(docs, binding_kind):
+            if subject in binding.get("subjects", []):
+                ref = binding["roleRef"]
+                rules[ref["kind"]] += one(docs, ref["kind"], ref["name"])["rules"]
+    return rules["Role"], rules["ClusterRole"]

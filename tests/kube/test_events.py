@@ -2,7 +2,8 @@
 
 Our server runs as a child process (``ServerProcess``) in front of the Scaleway simulator, as a user of
 the test API server bound to exactly the Role and ClusterRole the cluster-autoscaler chart renders from
-deploy/helm/values-sidecar.yaml (the sidecar runs as the CA's service account). The Events are read back
+deploy/helm/values-sidecar.yaml with values-sidecar-kubernetes-features.yaml (the sidecar runs as the CA's
+service account). The Events are read back
 through the API the way ``kubectl get events`` and ``kubectl describe configmap`` read them.
 """
 
@@ -28,15 +29,13 @@ from devstack.harness import SCW_SECRET, ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator
-from tests.deploy.chart import CA_1_36_1, helm_template
-from tests.deploy.rendering import DEPLOY
+from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
 from tests.e2e.report import event_listing
 
 CLUSTER = "c0c0c0c0-1111-4222-8333-5555aaaa0001"
 POOL = "e7e7e7e7-0000-4000-8000-000000000001"
 STATUS = "ca-externalgrpc-status"
-SIDECAR_VALUES = DEPLOY / "helm" / "values-sidecar.yaml"
 IDENTITY = "events-test-replica"
 
 
@@ -47,11 +46,8 @@ def scenario() -> dict[str, Any]:
 
 @cache
 def shipped_rbac() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The rules of the Role and the ClusterRole the chart renders with our sidecar values."""
-    docs = helm_template(CA_1_36_1, (SIDECAR_VALUES,), "1.34.0")
-    (role,) = [d for d in docs if d["kind"] == "Role"]
-    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    return role["rules"], cluster_role["rules"]
+    """The rules of the Role and the ClusterRole the chart renders with our sidecar values and the features file."""
+    return sidecar_roles(CA_1_36_1, with_features=True)
 
 
 @dataclass

@@ -1,15 +1,14 @@
 """The durable change journal against the real API server, with our server as a child process.
 
-The server runs as a user bound to exactly the Role the Helm values ship for the journal (rendered by the
-real Helm CLI), so the test also proves that Role is enough. The Scaleway simulator applies a PATCH and
-holds its answer past the caller's deadline: the outcome is unknown to the server, the server is killed
-with SIGKILL before the CA's retry, and a new process answers the retry.
+The server runs as a user bound to exactly the roles the Helm values ship for the sidecar with the features
+file (rendered by the real Helm CLI), so the test also proves those rules are enough. The Scaleway simulator
+applies a PATCH and holds its answer past the caller's deadline: the outcome is unknown to the server, the
+server is killed with SIGKILL before the CA's retry, and a new process answers the retry.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import time
@@ -32,11 +31,10 @@ from server.kube.journal import Journal, entry_key
 from server.kube.settings import JournalConfig
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator
-from tests.deploy.chart import CA_1_36_1, helm_template
-from tests.deploy.rendering import KUBERNETES, find_kustomize
+from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
+from tests.kube.rbac import bind_user
 
-SIDECAR_VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "values-sidecar.yaml"
 JOURNAL = "ca-externalgrpc-journal"
 POOL = "b1b1b1b1-0000-4000-8000-00000000000a"
 SCENARIO = {
@@ -52,27 +50,9 @@ SCENARIO = {
 }
 
 
-def shipped_journal_role() -> dict[str, Any]:
-    """The journal's Role as the Helm values render it with the official chart."""
-    docs = helm_template(CA_1_36_1, (SIDECAR_VALUES,), "1.34.0")
-    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == JOURNAL]
-    return role
-
-
 def bind_user_to_shipped_role(admin: client.ApiClient, namespace: str, user: str) -> None:
-    role = shipped_journal_role()
-    rbac = client.RbacAuthorizationV1Api(admin)
-    rbac.create_namespaced_role(
-        namespace, {"metadata": {"name": JOURNAL}, "rules": role["rules"], "apiVersion": role["apiVersion"]}
-    )
-    rbac.create_namespaced_role_binding(
-        namespace,
-        client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name=JOURNAL),
-            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=JOURNAL),
-            subjects=[client.RbacV1Subject(kind="User", name=user, api_group="rbac.authorization.k8s.io")],
-        ),
-    )
+    """The CA's Role and ClusterRole as the chart renders them with the sidecar values and the features file."""
+    bind_user(admin, namespace, user, *sidecar_roles(CA_1_36_1, with_features=True))
 
 
 def journal_entries(admin: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
@@ -308,22 +288,3 @@ def test_writes_are_guarded_by_the_resource_version_and_never_replace_another_re
     finally:
         journal.stop()
         api.close()
-
-
-def test_the_kustomize_component_grants_the_journal_what_the_helm_values_grant(tmp_path: Path) -> None:
-    # The scaleway overlay with the journal's component added, as its comment tells an operator to do.
-    overlay = tmp_path / "with-journal"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: kube-system\n"
-        f"resources:\n  - {os.path.relpath(KUBERNETES / 'overlays' / 'scaleway', overlay)}\n"
-        f"components:\n  - {os.path.relpath(KUBERNETES / 'components' / 'journal', overlay)}\n"
-    )
-    docs = find_kustomize().render(overlay)
-    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == JOURNAL]
-    assert role["rules"] == shipped_journal_role()["rules"]
-    (binding,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == JOURNAL]
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}]
-    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"] == "kube-system"

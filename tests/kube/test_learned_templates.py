@@ -1,6 +1,7 @@
 """Learned templates against the real API server: our server (a child process) runs as a user bound to
-exactly the RBAC the Helm values ship, watches Nodes of Bizfly simulator machines, records each group's
-template in its ConfigMap, and serves it for scale-from-zero after a restart."""
+exactly the RBAC the Helm values ship (the chart's roles with the features file), watches Nodes of Bizfly
+simulator machines, records each group's template in its ConfigMap, and serves it for scale-from-zero after a
+restart."""
 
 from __future__ import annotations
 
@@ -22,11 +23,10 @@ from protos import k8s_core_v1_pb2 as k8s
 from providers.bizfly.templates import build_template
 from simulators.bizfly import BizflySimulator, demo_scenario
 from simulators.common import ManualClock
-from tests.deploy.chart import CA_1_36_1, helm_template
+from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
+from tests.kube.rbac import bind_user
 
-SIDECAR_VALUES = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "values-sidecar.yaml"
-FEATURE_OBJECTS = "ca-externalgrpc-learned-templates"
 CONFIGMAP = "ca-externalgrpc-templates-bizfly"  # <configmap_prefix>-<backend name>
 COMPUTE = "5f959e0ac0b18944d0a4f13b"  # demo pool "compute": nix.4c_8g, one running machine
 GENERAL = "5f959e0ac0b18944d0a4f13a"  # demo pool "general": nix.2c_4g, two running machines
@@ -68,30 +68,10 @@ def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
 
 @pytest.fixture
 def server_user(control_plane: ControlPlane, admin: client.ApiClient, namespace: str) -> Path:
-    """A kubeconfig of a user bound to the learned templates' RBAC objects of the rendered Helm values."""
+    """A kubeconfig of a user bound to the CA's Role and ClusterRole as the chart renders them with the
+    sidecar values and the features file (the sidecar runs as the CA's service account)."""
     user = f"learner-{uuid.uuid4().hex[:8]}"
-    docs = helm_template(CA_1_36_1, (SIDECAR_VALUES,), "1.34.0")
-    rules = {d["kind"]: d["rules"] for d in docs if d["metadata"]["name"] == FEATURE_OBJECTS and "rules" in d}
-    assert set(rules) >= {"ClusterRole", "Role"}, "the Helm values ship the feature's roles"
-    rbac = client.RbacAuthorizationV1Api(admin)
-    subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
-    rbac.create_cluster_role({"metadata": {"name": user}, "rules": rules["ClusterRole"]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": user},
-            "subjects": subject,
-        }
-    )
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": user}, "rules": rules["Role"]})
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": user},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": user},
-            "subjects": subject,
-        },
-    )
+    bind_user(admin, namespace, user, *sidecar_roles(CA_1_36_1, with_features=True))
     return control_plane.user_kubeconfig(user)
 
 
