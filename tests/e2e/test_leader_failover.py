@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from simulators.common import Fault
-from tests.e2e.environment import E2EEnvironment, StartEnvironment, measure
+from tests.e2e.environment import E2EEnvironment, ScenarioTiming, StartEnvironment, measure
 from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, machines, pool_size
 from tests.e2e.replicas import NAMESPACE, STATUS_CONFIGMAP, ReplicatedServer, two_replicas
 from tests.e2e.report import event_listing, publish, record_timing
@@ -103,6 +103,12 @@ def follow_failover(env: E2EEnvironment, replicas: ReplicatedServer, run: Failov
     run.first_loop = env.ca.last_successful_loop() - run.killed
 
 
+def timing(scenario: str, env: E2EEnvironment, created: float, applied: float) -> ScenarioTiming:
+    """To the resize seen applied in the cloud (the simulator logs the request when it answers, and the
+    answer is held here), and to the pod running."""
+    return dataclasses.replace(measure(env, scenario, "app", created, CLOUD), to_cloud_call=applied - created)
+
+
 def publish_failover(replicas: ReplicatedServer, run: Failover) -> None:
     publish(
         f"{'  failover after kill -9 (lease_duration ' + format(replicas.lease_duration, 'g') + 's)':56} "
@@ -163,6 +169,7 @@ def test_leader_killed_mid_scale_up_the_follower_takes_over_and_exactly_one_mach
     created = env.create_pod("app", cpu=APP_CPU[CLOUD], node_selector={POOL_LABEL[CLOUD]: "general"})
     # Kill the leader the moment the cloud has applied the resize, before its answer comes back.
     env.wait_for(lambda: pool_size(env, CLOUD, "general") == 2, 90, "the CA's resize reaching the cloud", 0.01)
+    applied = time.time()
     run = kill_leader(replicas)
     at_kill = replicas.journal()  # the dead leader's last word; the follower reads it only once it leads
     follow_failover(env, replicas, run)
@@ -177,7 +184,7 @@ def test_leader_killed_mid_scale_up_the_follower_takes_over_and_exactly_one_mach
     pod = env.wait_pod_running("app", SLOW_BOOT + 120)
     env.ca.wait_for_loops(5, since=time.time(), timeout=90)  # room for a duplicate scale-up to show
 
-    record_timing(measure(env, "leader killed mid scale-up, 2 replicas, all features (scw)", "app", created, CLOUD))
+    record_timing(timing("leader killed mid scale-up, 2 replicas, all features (scw)", env, created, applied))
     publish_failover(replicas, run)
     made, resizes = publish_outcome(env, replicas, before, requested=1)
     publish_journal("at the kill", at_kill)
@@ -216,6 +223,7 @@ def test_leader_killed_while_a_size_write_is_unknown_the_journal_keeps_the_retry
 
     created = env.create_pod("app", cpu=APP_CPU[CLOUD], node_selector={POOL_LABEL[CLOUD]: "general"})
     env.wait_for(lambda: pool_size(env, CLOUD, "general") == 2, 90, "the CA's resize reaching the cloud", 0.01)
+    applied = time.time()
     # The leader answers the CA UNAVAILABLE at the deadline and marks the change unknown in the journal.
     unknown = env.wait_for(
         lambda: [e for e in replicas.journal().values() if e.get("state") == "unknown"],
@@ -236,7 +244,7 @@ def test_leader_killed_while_a_size_write_is_unknown_the_journal_keeps_the_retry
     env.wait_for(lambda: not replicas.journal(), 30, "the journal entry settled by the new leader")
     env.ca.wait_for_loops(5, since=time.time(), timeout=90)  # room for a duplicate scale-up to show
 
-    record_timing(measure(env, "leader killed, size write unknown, 2 replicas (scw)", "app", created, CLOUD))
+    record_timing(timing("leader killed, size write unknown, 2 replicas (scw)", env, created, applied))
     publish_failover(replicas, run)
     publish(
         f"{'  retry: a direct gRPC IncreaseSize +1 through the proxy':56} {retried - run.killed:5.1f}s after the kill"
