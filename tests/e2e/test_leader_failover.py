@@ -189,7 +189,8 @@ def test_leader_killed_mid_scale_up_the_follower_takes_over_and_exactly_one_mach
     made, resizes = publish_outcome(env, replicas, before, requested=1)
     publish_journal("at the kill", at_kill)
     publish_journal("at the end", replicas.journal())
-    print("CA log lines about the increase:", [e.message for e in env.ca.log.matching(r"size to|increas")])
+    decisions = [e.message for e in env.ca.log.matching(rf"^Scale-up: setting group {group} size to")]
+    publish(f"{'  the CA decisions':56} {decisions} (the second one answered by the new leader: target 2)")
     events = our_events(env, "leader killed mid scale-up")
 
     assert made == 1, "exactly the requested machine, no duplicate after the failover"
@@ -197,6 +198,8 @@ def test_leader_killed_mid_scale_up_the_follower_takes_over_and_exactly_one_mach
     assert pool_size(env, CLOUD, "general") == 2
     assert pod.spec.node_name in {m["name"] for m in machines(env, CLOUD, "general")}
     assert replicas.replicas[run.new_leader].target(group) == 2
+    # The CA did decide the scale-up a second time, from the size the new leader reported (2 -> 3).
+    assert [d.rsplit(" ", 1)[-1] for d in decisions] == ["2", "3"], decisions
     assert run.lease_taken <= replicas.lease_duration + 2 * replicas.retry_period + 1
     # The journal held the old leader's change in flight, and the new leader took it as its own.
     (entry,) = at_kill.values()
