@@ -246,12 +246,14 @@ class E2EEnvironment:
         assert self.server is not None
         return self.server
 
-    def our_events(self) -> list[Any]:
-        """The Events our server wrote (kubernetes.events), oldest first."""
-        found = self.core.list_namespaced_event(
-            SERVER_NAMESPACE, field_selector="involvedObject.name=ca-externalgrpc-status"
-        ).items
-        return sorted(found, key=lambda e: (e.last_timestamp, e.metadata.name))
+    def our_events(
+        self, namespace: str = SERVER_NAMESPACE, object_name: str = "ca-externalgrpc-status", reporter: str = ""
+    ) -> list[Any]:
+        """The Events our server wrote (kubernetes.events) about its status object, oldest first; with
+        ``reporter``, only those of that replica (its ``kubernetes.identity``, the Event's reportingInstance)."""
+        found = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={object_name}").items
+        mine = [e for e in found if not reporter or e.reporting_instance == reporter]
+        return sorted(mine, key=lambda e: (e.last_timestamp, e.metadata.name))
 
     @property
     def scw(self) -> ScalewaySimulator:

@@ -1,19 +1,25 @@
-"""Two replicas of our server with leader election, behind the readiness-gated proxy that plays their
-Service: what ``E2EEnvironment(serve=...)`` starts for the two-replica scenarios.
+"""Two replicas of our server with every Kubernetes feature on, behind the readiness-gated proxy that
+plays their Service: what ``E2EEnvironment(serve=...)`` starts for the two-replica scenarios.
 
-Both replicas get the same backends and the same Lease; each runs as a user of the e2e control plane
-bound to exactly the Role the mTLS layout ships (deploy/kubernetes/server-mtls), in kube-system as
-there. The CA's cloud-config names the proxy.
+Both replicas get the same backends, the same Lease, journal and status ConfigMaps; each runs with
+leader election, the change journal, learned templates and Events, in kube-system, as a user of the
+e2e control plane bound to nothing but the rules below: the Lease rules of the Role the mTLS layout
+ships (deploy/kubernetes/server-mtls), and the other features' rules as docs/kubernetes.md lists them
+(``FEATURE_RULES``, ``NODE_RULES``). The CA's cloud-config names the proxy.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import grpc
 import yaml
 from kubernetes import client
 
 from devstack.harness import server_config
+from protos import externalgrpc_pb2 as pb
+from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.config_values import duration_seconds
 from tests.deploy.rendering import one, render
 from tests.deploy.test_leader_election_layout import lease_role
@@ -25,29 +31,79 @@ IDENTITIES = ("replica-a", "replica-b")
 # The shipped durations (deploy/kubernetes/server-mtls/config.yaml) are kept: the figures are the ones
 # a cluster would see.
 
+# The objects the features keep in NAMESPACE; the config below and the rules name the same ones.
+JOURNAL_CONFIGMAP = "ca-externalgrpc-journal"
+STATUS_CONFIGMAP = "ca-externalgrpc-status"  # the object the Events are about
+TEMPLATES_PREFIX = "ca-externalgrpc-templates"  # one ConfigMap per backend: <prefix>-<backend name>
+BACKEND_NAMES = ("scw", "bizfly")  # as environment.py names the two backends
+_CONFIGMAPS = [JOURNAL_CONFIGMAP, STATUS_CONFIGMAP, *(f"{TEMPLATES_PREFIX}-{name}" for name in BACKEND_NAMES)]
+
+# The RBAC of the journal, learned templates and Events, as docs/kubernetes.md gives each feature's
+# (its "RBAC" sections). Namespaced, in NAMESPACE:
+FEATURE_RULES: list[dict[str, Any]] = [
+    # journal, events, learned templates: each creates its ConfigMap(s) on first write; create cannot be
+    # narrowed by name.
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+    # journal: read before each size write, guarded replace; events: the status ConfigMap; learned
+    # templates: one ConfigMap per backend. Only these names.
+    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": _CONFIGMAPS, "verbs": ["get", "update"]},
+    # events: core/v1 Events, created, and patched when one repeats (its count).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+# Cluster-wide (Nodes are not namespaced): learned templates list and watch the Nodes.
+NODE_RULES: list[dict[str, Any]] = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+FEATURES = ("leader_election", "journal", "learned_templates", "events")
+
 
 def _shipped() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The server's Role and its leader_election settings, as the mTLS layout renders them."""
+    """The server's Role and its ``kubernetes:`` settings, as the mTLS layout renders them."""
     docs = render("server-mtls")
     config = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])
-    return lease_role(docs), dict(config["kubernetes"]["leader_election"])
+    return lease_role(docs), dict(config["kubernetes"])
 
 
-def _bind(api: client.ApiClient, role: dict[str, Any], user: str) -> None:
-    rbac = client.RbacAuthorizationV1Api(api)
-    name = role["metadata"]["name"]
+def _features(shipped: dict[str, Any]) -> dict[str, Any]:
+    """All four features on; what the shipped config sets for a feature is kept, the object names are ours."""
+    features = {name: {**dict(shipped.get(name) or {}), "enabled": True} for name in FEATURES}
+    features["journal"]["configmap"] = JOURNAL_CONFIGMAP
+    features["events"]["object_name"] = STATUS_CONFIGMAP
+    features["learned_templates"]["configmap_prefix"] = TEMPLATES_PREFIX
+    return features
+
+
+def _subject(user: str) -> list[dict[str, str]]:
+    return [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+
+
+def _create(make: Any, *args: Any) -> None:
     try:
-        rbac.create_namespaced_role(NAMESPACE, {"metadata": {"name": name}, "rules": role["rules"]})
+        make(*args)
     except client.ApiException as err:
-        if err.status != 409:
+        if err.status != 409:  # the second replica binds to the role the first one created
             raise
+
+
+def _bind(api: client.ApiClient, lease: dict[str, Any], user: str) -> None:
+    """``user`` bound to the shipped Lease rules plus FEATURE_RULES (a Role) and NODE_RULES (a ClusterRole)."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = lease["metadata"]["name"]
+    role = {"metadata": {"name": name}, "rules": [*lease["rules"], *FEATURE_RULES]}
+    _create(rbac.create_namespaced_role, NAMESPACE, role)
+    _create(rbac.create_cluster_role, {"metadata": {"name": f"{name}-nodes"}, "rules": NODE_RULES})
     rbac.create_namespaced_role_binding(
         NAMESPACE,
         {
             "metadata": {"name": f"ca-externalgrpc-{user}"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}],
+            "subjects": _subject(user),
         },
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": f"ca-externalgrpc-{user}-nodes"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{name}-nodes"},
+            "subjects": _subject(user),
+        }
     )
 
 
@@ -56,7 +112,9 @@ class ReplicatedServer:
 
     def __init__(self, env: E2EEnvironment, backends: list[dict[str, Any]]) -> None:
         assert env.control_plane is not None and env.api is not None
-        role, election = _shipped()
+        role, shipped = _shipped()
+        features = _features(shipped)
+        election = features["leader_election"]
         self.lease_name = str(election["lease_name"])
         self.lease_duration = duration_seconds(election["lease_duration"])
         self.retry_period = duration_seconds(election["retry_period"])
@@ -71,7 +129,7 @@ class ReplicatedServer:
                     "kubeconfig": str(env.control_plane.user_kubeconfig(identity)),
                     "namespace": NAMESPACE,
                     "identity": identity,
-                    "leader_election": {"enabled": True, **election},
+                    **features,
                 },
             )
             self.replicas[identity] = OurServer(config, env.workdir, name=identity)
@@ -113,6 +171,24 @@ class ReplicatedServer:
     def kill(self, name: str) -> None:
         self.replicas[name].kill()
         self.killed.add(name)
+
+    def increase_through_proxy(self, group_id: str, delta: int, timeout: float = 5.0) -> None:
+        """A NodeGroupIncreaseSize sent as the CA sends it: through the Service (the proxy), with the CA's
+        default gRPC deadline. Raises grpc.RpcError when it is not answered OK."""
+        with grpc.insecure_channel(self.proxy.address) as channel:
+            stub = pb_grpc.CloudProviderStub(channel)
+            stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=group_id, delta=delta), timeout=timeout)
+
+    # ------------------------------------------------------------------ the features' objects
+    def journal(self) -> dict[str, dict[str, Any]]:
+        """The change journal ConfigMap's entries (key -> entry), {} when it holds none or does not exist."""
+        try:
+            found = client.CoreV1Api(self.api).read_namespaced_config_map(JOURNAL_CONFIGMAP, NAMESPACE)
+        except client.ApiException as err:
+            if err.status == 404:
+                return {}
+            raise
+        return {key: json.loads(value) for key, value in (found.data or {}).items()}
 
     # ------------------------------------------------------------------ OurServer's reads, from the leader
     def rpc_log(self, method: str) -> list[dict[str, Any]]:

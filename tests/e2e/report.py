@@ -21,11 +21,15 @@ def record_timing(timing: ScenarioTiming) -> None:
     publish(timing.line())
 
 
-def event_listing(events: Iterable[Any]) -> str:
-    """Kubernetes Events as ``kubectl get events`` lists them (the count as a column of its own)."""
-    rows = [("LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE")]
+def event_listing(events: Iterable[Any], reporter: bool = False) -> str:
+    """Kubernetes Events as ``kubectl get events`` lists them (the count as a column of its own); with
+    ``reporter``, a REPORTER column (the Event's reportingInstance: which replica wrote it)."""
+    head = ("LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", *(("REPORTER",) if reporter else ()), "MESSAGE")
+    rows = [head]
     for e in sorted(events, key=lambda e: (e.last_timestamp, e.metadata.name)):
         obj = f"{e.involved_object.kind.lower()}/{e.involved_object.name}"
-        rows.append((e.last_timestamp.strftime("%H:%M:%S"), e.type, e.reason, obj, str(e.count), e.message))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    return "\n".join("   ".join(row[i].ljust(widths[i]) for i in range(5)) + "   " + row[5] for row in rows)
+        who = (str(e.reporting_instance or ""),) if reporter else ()
+        rows.append((e.last_timestamp.strftime("%H:%M:%S"), e.type, e.reason, obj, str(e.count), *who, e.message))
+    columns = len(head) - 1
+    widths = [max(len(row[i]) for row in rows) for i in range(columns)]
+    return "\n".join("   ".join(row[i].ljust(widths[i]) for i in range(columns)) + "   " + row[-1] for row in rows)
