@@ -3,9 +3,8 @@ plays their Service: what ``E2EEnvironment(serve=...)`` starts for the two-repli
 
 Both replicas get the same backends, the same Lease, journal and status ConfigMaps; each runs with
 leader election, the change journal, learned templates and Events, in kube-system, as a user of the
-e2e control plane bound to nothing but the rules below: the Lease rules of the Role the mTLS layout
-ships (deploy/kubernetes/server-mtls), and the other features' rules as docs/kubernetes.md lists them
-(``FEATURE_RULES``, ``NODE_RULES``). The CA's cloud-config names the proxy.
+e2e control plane bound to nothing but the Role and ClusterRole the mTLS layout binds the server's
+ServiceAccount to (deploy/kubernetes/server-mtls, rendered). The CA's cloud-config names the proxy.
 """
 
 from __future__ import annotations
@@ -21,10 +20,10 @@ from devstack.harness import server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.config_values import duration_seconds
-from tests.deploy.rendering import one, render
-from tests.deploy.test_leader_election_layout import lease_role
+from tests.deploy.rendering import one, render, service_account_roles
 from tests.e2e.environment import E2EEnvironment, OurServer
 from tests.e2e.readiness_proxy import Endpoint, ReadinessProxy
+from tests.kube.rbac import bind_user
 
 NAMESPACE = "kube-system"
 IDENTITIES = ("replica-a", "replica-b")
@@ -36,75 +35,27 @@ JOURNAL_CONFIGMAP = "ca-externalgrpc-journal"
 STATUS_CONFIGMAP = "ca-externalgrpc-status"  # the object the Events are about
 TEMPLATES_PREFIX = "ca-externalgrpc-templates"  # one ConfigMap per backend: <prefix>-<backend name>
 BACKEND_NAMES = ("scw", "bizfly")  # as environment.py names the two backends
-_CONFIGMAPS = [JOURNAL_CONFIGMAP, STATUS_CONFIGMAP, *(f"{TEMPLATES_PREFIX}-{name}" for name in BACKEND_NAMES)]
 
-# The RBAC of the journal, learned templates and Events, as docs/kubernetes.md gives each feature's
-# (its "RBAC" sections). Namespaced, in NAMESPACE:
-FEATURE_RULES: list[dict[str, Any]] = [
-    # journal, events, learned templates: each creates its ConfigMap(s) on first write; create cannot be
-    # narrowed by name.
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
-    # journal: read before each size write, guarded replace; events: the status ConfigMap; learned
-    # templates: one ConfigMap per backend. Only these names.
-    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": _CONFIGMAPS, "verbs": ["get", "update"]},
-    # events: core/v1 Events, created, and patched when one repeats (its count).
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
-]
-# Cluster-wide (Nodes are not namespaced): learned templates list and watch the Nodes.
-NODE_RULES: list[dict[str, Any]] = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
 FEATURES = ("leader_election", "journal", "learned_templates", "events")
+SERVICE_ACCOUNT = "ca-externalgrpc-server"  # the one the mTLS layout runs the server as
 
 
-def _shipped() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The server's Role and its ``kubernetes:`` settings, as the mTLS layout renders them."""
+def _shipped() -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The rules of the Role and the ClusterRole the mTLS layout binds the server's ServiceAccount to,
+    and its ``kubernetes:`` settings, as deploy/kubernetes/server-mtls renders them."""
     docs = render("server-mtls")
     config = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])
-    return lease_role(docs), dict(config["kubernetes"])
+    role_rules, cluster_rules = service_account_roles(docs, SERVICE_ACCOUNT, NAMESPACE)
+    return role_rules, cluster_rules, dict(config["kubernetes"])
 
 
 def _features(shipped: dict[str, Any]) -> dict[str, Any]:
-    """All four features on; what the shipped config sets for a feature is kept, the object names are ours."""
+    """All four features on as shipped; the object names must be the ones the rules name."""
     features = {name: {**dict(shipped.get(name) or {}), "enabled": True} for name in FEATURES}
-    features["journal"]["configmap"] = JOURNAL_CONFIGMAP
-    features["events"]["object_name"] = STATUS_CONFIGMAP
-    features["learned_templates"]["configmap_prefix"] = TEMPLATES_PREFIX
+    assert features["journal"]["configmap"] == JOURNAL_CONFIGMAP
+    assert features["events"]["object_name"] == STATUS_CONFIGMAP
+    assert features["learned_templates"]["configmap_prefix"] == TEMPLATES_PREFIX
     return features
-
-
-def _subject(user: str) -> list[dict[str, str]]:
-    return [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
-
-
-def _create(make: Any, *args: Any) -> None:
-    try:
-        make(*args)
-    except client.ApiException as err:
-        if err.status != 409:  # the second replica binds to the role the first one created
-            raise
-
-
-def _bind(api: client.ApiClient, lease: dict[str, Any], user: str) -> None:
-    """``user`` bound to the shipped Lease rules plus FEATURE_RULES (a Role) and NODE_RULES (a ClusterRole)."""
-    rbac = client.RbacAuthorizationV1Api(api)
-    name = lease["metadata"]["name"]
-    role = {"metadata": {"name": name}, "rules": [*lease["rules"], *FEATURE_RULES]}
-    _create(rbac.create_namespaced_role, NAMESPACE, role)
-    _create(rbac.create_cluster_role, {"metadata": {"name": f"{name}-nodes"}, "rules": NODE_RULES})
-    rbac.create_namespaced_role_binding(
-        NAMESPACE,
-        {
-            "metadata": {"name": f"ca-externalgrpc-{user}"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": _subject(user),
-        },
-    )
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": f"ca-externalgrpc-{user}-nodes"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{name}-nodes"},
-            "subjects": _subject(user),
-        }
-    )
 
 
 class ReplicatedServer:
@@ -112,7 +63,7 @@ class ReplicatedServer:
 
     def __init__(self, env: E2EEnvironment, backends: list[dict[str, Any]]) -> None:
         assert env.control_plane is not None and env.api is not None
-        role, shipped = _shipped()
+        role_rules, cluster_rules, shipped = _shipped()
         features = _features(shipped)
         election = features["leader_election"]
         self.lease_name = str(election["lease_name"])
@@ -122,7 +73,7 @@ class ReplicatedServer:
         self.replicas: dict[str, OurServer] = {}
         self.killed: set[str] = set()
         for identity in IDENTITIES:
-            _bind(env.api, role, identity)
+            bind_user(env.api, NAMESPACE, identity, role_rules, cluster_rules)
             config = server_config(
                 backends,
                 kubernetes={
