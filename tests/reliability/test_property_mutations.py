@@ -123,6 +123,17 @@ class MutationMachine(RuleBasedStateMachine):
     def _cloud(self, gid: str) -> int:
         return self.stack.pools()[gid].target
 
+    def _known(self, gid: str, pool: PoolView) -> list[NodeView]:
+        """The pool's live nodes that the server lists too: the ones a CA could name in DeleteNodes.
+
+        The CA names only nodes that registered, and a machine registers long after the server's next
+        listing; a machine the cloud made a moment ago (an increase of the previous step) is not one of
+        them, and the server rightly refuses to delete what it has never seen in the group.
+        """
+        answer = self.stack.call("NodeGroupNodes", pb.NodeGroupNodesRequest(id=gid), 5.0)
+        listed = {i.id for i in answer.response.instances} if answer.ok else set()
+        return [n for n in pool.live() if n.provider_id in listed]
+
     def _settle(self, gid: str, before: int, delta: int, answer_code: grpc.StatusCode) -> None:
         """Fold one mutation's answer into the model, and check what an error answer promises."""
         after = self._cloud(gid)
@@ -207,7 +218,7 @@ class MutationMachine(RuleBasedStateMachine):
             return
         pools = self.stack.pools()
         pool = pools[gid]
-        live = pool.live()
+        live = self._known(gid, pool)
         if not live:
             return
         self._step("delete_nodes_foreign" if foreign else "delete_nodes")
@@ -245,7 +256,7 @@ class MutationMachine(RuleBasedStateMachine):
         if gid in self.owed:
             return
         pool = self.stack.pools()[gid]
-        targets = pool.live()[:count]
+        targets = self._known(gid, pool)[:count]
         if len(targets) < 2:
             return
         self._step("concurrent_deletes")
@@ -277,7 +288,7 @@ class MutationMachine(RuleBasedStateMachine):
         if gid in self.owed or self.degraded:
             return
         pool = self.stack.pools()[gid]
-        targets = pool.live()[:deletions]
+        targets = self._known(gid, pool)[:deletions]
         if not targets:
             return
         slow = slow and self.slow_steps < MAX_SLOW_PER_EXAMPLE
@@ -320,7 +331,8 @@ class MutationMachine(RuleBasedStateMachine):
         pool = self.stack.pools()[gid]
         if gid in self.owed or self.degraded or self.slow_steps >= MAX_SLOW_PER_EXAMPLE:
             return
-        if op == "delete" and (not pool.live() or pool.target - 1 < pool.min_size):
+        known = self._known(gid, pool)
+        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
             return
         if op == "increase" and pool.target + 1 > pool.max_size:
             return
@@ -335,7 +347,7 @@ class MutationMachine(RuleBasedStateMachine):
             self.stack.add_fault(route=route, delay=delay)
         log_mark = self.stack.log_size()
         before = pool.target
-        node = pool.live()[0] if pool.live() else None
+        node = known[0] if known else None
         if op == "increase":
             answer = self.stack.increase(gid, 1, timeout=SLOW_DEADLINE)
         elif op == "delete":
@@ -394,7 +406,8 @@ class MutationMachine(RuleBasedStateMachine):
             return
         if op == "increase" and pool.target + delta > pool.max_size:
             return
-        if op == "delete" and (not pool.live() or pool.target - 1 < pool.min_size):
+        known = self._known(gid, pool)
+        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
             return
         self._step(f"write_applied_then_{how}")
         FIGURES["faults"][f"{op} applied, then {how}"] += 1
@@ -416,7 +429,7 @@ class MutationMachine(RuleBasedStateMachine):
         if op == "increase":
             answer = self.stack.increase(gid, delta, timeout=timeout)
         else:
-            node = pool.live()[0]
+            node = known[0]
             answer = self.stack.delete(gid, [node], timeout=timeout)
             self.asked_to_delete.add(node.provider_id)
         self.stack.wait_for_requests(route, method, seen + 1)
@@ -593,8 +606,9 @@ class MutationMachine(RuleBasedStateMachine):
         self.degraded = True
         pool = self.stack.pools()[gid]
         before = pool.target
-        if where == "delete" and pool.live() and before - 1 >= pool.min_size:
-            node = pool.live()[0]
+        known = self._known(gid, pool)
+        if where == "delete" and known and before - 1 >= pool.min_size:
+            node = known[0]
             log_mark = self.stack.log_size()
             answer = self.stack.delete(gid, [node])
             if answer.ok:
