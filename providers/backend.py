@@ -170,6 +170,8 @@ class Backend:
         self._max_age: float | None = None
         self._deleter: concurrent.futures.ThreadPoolExecutor | None = None
         self.listeners: list[Callable[[Backend], None]] = []  # called after every sync attempt
+        # Called when a learned template changes (what TemplateNodeInfo and the debug strings say).
+        self.template_listeners: list[Callable[[Backend], None]] = []
         # Records size changes durably before their cloud call (providers/change_journal.py); None: memory only.
         self.journal: ChangeJournal | None = None
 
@@ -445,6 +447,8 @@ class Backend:
             else:
                 self._learned[group_id] = learned
             self._learned_generation += 1
+        for listener in list(self.template_listeners):
+            listener(self)
 
     def learned_template(self, group_id: str) -> LearnedTemplate | None:
         return self._learned.get(group_id)

@@ -266,6 +266,8 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
             native.feed_from(service)
             for backend in registry.backends:
                 backend.listeners.append(native.on_sync)
+                # The group debug strings name the template's source, learned ones included.
+                backend.template_listeners.append(native.on_sync)
     # Listen before the first sync: meanwhile Refresh answers UNAVAILABLE saying the first sync is
     # pending, which the CA logs, instead of the CA (and the kubelet) meeting a closed port.
     server.start()

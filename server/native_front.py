@@ -103,7 +103,7 @@ class NativeFront:
         self.publish()
 
     def on_sync(self, _backend: object) -> None:
-        """Backend listener: a sync attempt may have swapped the snapshot."""
+        """Backend listener: a sync attempt may have swapped the snapshot, or a learned template changed."""
         self.publish()
 
     def publish(self) -> None:
