@@ -16,7 +16,7 @@ import yaml
 
 from server.config import parse_address
 from tests.deploy.chart import CA_HEAD, CHARTS, ChartSource, chart_values, chart_version, helm_template
-from tests.deploy.rendering import DEPLOY, KUBERNETES, objects, one, render
+from tests.deploy.rendering import DEPLOY, KUBERNETES, objects, one, permissions, render
 from tests.deploy.test_manifests import KUBERNETES_VERSIONS, TESTED_CA_TAGS
 
 SIDECAR = DEPLOY / "helm" / "values-sidecar.yaml"
@@ -267,17 +267,6 @@ def test_mtls_ca_mounts_what_server_mtls_creates_and_passes_its_network_policy(s
 # RBAC: ours is the chart's at HEAD
 
 
-def _permissions(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
-    return {
-        (group, resource, verb, name)
-        for rule in rules
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-        for name in rule.get("resourceNames", ["*"])
-    }
-
-
 def test_our_roles_grant_exactly_what_the_chart_at_head_grants_with_every_optional_feature() -> None:
     # expander=priority turns on the chart's optional Role rules; the ClusterRole already carries
     # the rules of every CA flag (provisioning requests, capacity buffers and quotas, DRA).
@@ -286,8 +275,8 @@ def test_our_roles_grant_exactly_what_the_chart_at_head_grants_with_every_option
     for kind in ("ClusterRole", "Role"):
         (theirs,) = list(objects(chart, kind))
         (mine,) = [d for d in ours if d["kind"] == kind]
-        missing = _permissions(theirs["rules"]) - _permissions(mine["rules"])
-        extra = _permissions(mine["rules"]) - _permissions(theirs["rules"])
+        missing = permissions(theirs["rules"]) - permissions(mine["rules"])
+        extra = permissions(mine["rules"]) - permissions(theirs["rules"])
         assert not missing and not extra, f"{kind}: missing {sorted(missing)}, beyond the chart {sorted(extra)}"
 
 
