@@ -428,12 +428,7 @@ class _SimHandler(BaseHTTPRequestHandler):
                 self._drop()
                 return
             if fault.status is not None:
-                error = (
-                    fault.body
-                    if fault.body is not None
-                    else sim.error_body(fault.status, fault.message or f"injected fault ({fault.status})")
-                )
-                self._send(SimResponse(fault.status, error), fault, log)
+                self._send(self._fault_answer(fault), fault, log)
                 return
 
         if body_error is not None:
@@ -462,13 +457,16 @@ class _SimHandler(BaseHTTPRequestHandler):
             self._drop()
             return
         if fault.status is not None:
-            error = (
-                fault.body
-                if fault.body is not None
-                else self.sim.error_body(fault.status, fault.message or f"injected fault ({fault.status})")
-            )
-            response = SimResponse(fault.status, error)
+            response = self._fault_answer(fault)
         self._send(response, fault, log)
+
+    def _fault_answer(self, fault: Fault) -> SimResponse:
+        """The error answer a fault with a status injects: its own body, else the cloud's error shape."""
+        assert fault.status is not None
+        body = fault.body
+        if body is None:
+            body = self.sim.error_body(fault.status, fault.message or f"injected fault ({fault.status})")
+        return SimResponse(fault.status, body)
 
     def _handle_control(
         self, method: str, path: str, query: dict[str, str], headers: dict[str, str], raw_body: bytes
