@@ -32,6 +32,7 @@ from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
 from tests.e2e.report import event_listing
+from tests.kube.polling import wait_for
 
 CLUSTER = "c0c0c0c0-1111-4222-8333-5555aaaa0001"
 POOL = "e7e7e7e7-0000-4000-8000-000000000001"
@@ -164,17 +165,6 @@ def start(server_user: ServerUser, tmp_path: Path) -> Iterator[Callable[..., Set
         setup.sim.stop()
 
 
-def wait_for(condition: Callable[[], Any], seconds: float, what: str) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {seconds}s")
-        time.sleep(0.1)
-
-
 def provider_ids(sim: ScalewaySimulator) -> list[str]:
     return sorted(n.provider_id for n in sim.nodes_of(POOL))
 
@@ -221,7 +211,7 @@ def test_each_scale_action_and_failed_cloud_write_is_one_event_on_the_status_con
         reasons = setup.reasons()
         return reasons if set(reasons) >= expected else None
 
-    found = wait_for(all_there, 15, "one event per action")
+    found = wait_for("one event per action", all_there, 15)
     print("\n" + event_listing(setup.events()))
     assert set(found) == expected, sorted(found)
     assert all(len(events) == 1 and events[0].count == 1 for events in found.values())
@@ -252,15 +242,15 @@ def test_each_scale_action_and_failed_cloud_write_is_one_event_on_the_status_con
 
 def test_a_backend_going_stale_and_fresh_again_is_an_event_each(start: Callable[..., Setup]) -> None:
     setup = start(sync={"interval": "1s", "min_interval": "0.2s", "max_staleness": "3s"})
-    wait_for(lambda: "serving" in setup.status(), 10, "status ConfigMap")
+    wait_for("status ConfigMap", lambda: "serving" in setup.status(), 10)
     before = setup.core.read_namespaced_config_map(STATUS, setup.namespace).metadata.resource_version
     time.sleep(2.5)  # two syncs and two status intervals that change nothing: the ConfigMap is not rewritten
     assert setup.core.read_namespaced_config_map(STATUS, setup.namespace).metadata.resource_version == before
     setup.sim.faults.add(Fault(route="*", status=503))  # the cloud's outage
-    stale = wait_for(lambda: setup.reasons().get("BackendStale"), 15, "BackendStale")
-    wait_for(lambda: "STALE" in setup.status(), 10, "the status ConfigMap showing the backend stale")
+    stale = wait_for("BackendStale", lambda: setup.reasons().get("BackendStale"), 15)
+    wait_for("the status ConfigMap showing the backend stale", lambda: "STALE" in setup.status(), 10)
     setup.sim.faults.clear()
-    fresh = wait_for(lambda: setup.reasons().get("BackendFresh"), 15, "BackendFresh")
+    fresh = wait_for("BackendFresh", lambda: setup.reasons().get("BackendFresh"), 15)
     print("\n" + event_listing(setup.events()))
     assert len(stale) == 1 and stale[0].type == "Warning" and "503" in stale[0].message
     assert len(fresh) == 1 and fresh[0].type == "Normal"
@@ -285,7 +275,7 @@ def test_a_flapping_cloud_gets_at_most_burst_plus_refills_writes_and_exact_count
         dropped = setup.metric("ca_externalgrpc_events_dropped_total", reason="rate_limited")
         return counted + dropped == calls
 
-    wait_for(settled, 15, "every failure counted or dropped")
+    wait_for("every failure counted or dropped", settled, 15)
     elapsed = time.monotonic() - began
     events = setup.reasons()["FailedScaleUp"]
     print(f"\n{calls} failures in {flapping:.1f}s\n" + event_listing(events))
@@ -303,7 +293,7 @@ def test_a_flapping_cloud_gets_at_most_burst_plus_refills_writes_and_exact_count
     def grown() -> bool:
         return any(e.metadata.name == first.metadata.name and e.count == first.count + 1 for e in setup.events())
 
-    wait_for(grown, 10, "the repeat raising the count of the same Event")
+    wait_for("the repeat raising the count of the same Event", grown, 10)
     assert setup.metric("ca_externalgrpc_events_written_total", operation="patch") > 0
     assert len(setup.reasons()["FailedScaleUp"]) == len(events)
 
@@ -321,10 +311,10 @@ def test_an_api_server_that_refuses_every_write_never_slows_an_rpc(
         return time.perf_counter() - began
 
     allowed = [round_trip() for _ in range(10)]
-    wait_for(lambda: len(setup.reasons().get("ScaledUpGroup", [])) == 1, 10, "events written while allowed")
+    wait_for("events written while allowed", lambda: len(setup.reasons().get("ScaledUpGroup", [])) == 1, 10)
     server_user.revoke()
     refused = [round_trip() for _ in range(10)]
-    wait_for(lambda: setup.metric("ca_externalgrpc_events_dropped_total", reason="api_error") > 0, 10, "refusals")
+    wait_for("refusals", lambda: setup.metric("ca_externalgrpc_events_dropped_total", reason="api_error") > 0, 10)
     print(f"\nallowed: median {statistics.median(allowed) * 1000:.1f} ms, max {max(allowed) * 1000:.1f} ms")
     print(f"refused: median {statistics.median(refused) * 1000:.1f} ms, max {max(refused) * 1000:.1f} ms")
     assert max(refused) < 2.0
@@ -357,7 +347,7 @@ def test_an_api_server_that_never_answers_slows_neither_rpcs_nor_the_shutdown(
             stub.NodeGroupDecreaseTargetSize(pb.NodeGroupDecreaseTargetSizeRequest(id=POOL, delta=-1), timeout=5)
             took.append(time.perf_counter() - began)
         # The client library retries a failed connection, so one write gives up after a few timeouts.
-        wait_for(lambda: setup.metric("ca_externalgrpc_events_dropped_total", reason="api_error") > 0, 60, "timeouts")
+        wait_for("timeouts", lambda: setup.metric("ca_externalgrpc_events_dropped_total", reason="api_error") > 0, 60)
         median, longest = statistics.median(took) * 1000, max(took) * 1000
         print(f"\nunreachable API server: median {median:.1f} ms, max {longest:.1f} ms")
         assert max(took) < api_timeout, took

@@ -33,6 +33,7 @@ from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
+from tests.kube.polling import wait_for
 from tests.kube.rbac import bind_user
 
 JOURNAL = "ca-externalgrpc-journal"
@@ -63,14 +64,6 @@ def journal_entries(admin: client.ApiClient, namespace: str) -> dict[str, dict[s
             return {}
         raise
     return {key: json.loads(value) for key, value in (found.data or {}).items()}
-
-
-def wait_until(check: Callable[[], bool], seconds: float, what: str) -> None:
-    end = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {seconds}s: {what}")
-        time.sleep(0.05)
 
 
 def increase(server: ServerProcess, delta: int, timeout: float) -> tuple[grpc.StatusCode, str, float]:
@@ -167,13 +160,13 @@ def test_restart_before_the_retry_applies_it_once(
         assert code == grpc.StatusCode.OK, details
         assert sim.pool(POOL).size == 4, "the retry of the lost increase was applied a second time"
         assert sim.requests.count("update_pool", "PATCH") == patches  # recognised: nothing written
-        wait_until(lambda: not journal_entries(admin, namespace), 5.0, "the entry is cleared after the read-back")
+        wait_for("the entry is cleared after the read-back", lambda: not journal_entries(admin, namespace), 5.0)
 
         # A new increase afterwards is a new change: applied, recorded, then cleared.
         code, details, _ = increase(server, 1, timeout=5.0)
         assert code == grpc.StatusCode.OK, details
         assert sim.pool(POOL).size == 5
-        wait_until(lambda: not journal_entries(admin, namespace), 5.0, "a confirmed change leaves no entry")
+        wait_for("a confirmed change leaves no entry", lambda: not journal_entries(admin, namespace), 5.0)
         status, metrics = server.http_get("/metrics")
         assert status == 200
         assert 'ca_externalgrpc_journal_operations_total{backend="scw",operation="record",result="ok"} 1.0' in metrics
@@ -246,7 +239,7 @@ def test_a_replica_that_takes_over_adopts_the_entry_left_by_the_other_one(
         assert cloud.pool(POOL).size == 4
         adopted = [line for line in second.output.splitlines() if "adopted an unconfirmed size change" in line]
         assert len(adopted) == 1 and "replica-a" in adopted[0], second.output
-        wait_until(lambda: not journal_entries(admin, namespace), 5.0, "the adopted entry is cleared")
+        wait_for("the adopted entry is cleared", lambda: not journal_entries(admin, namespace), 5.0)
     finally:
         second.stop()
         first.stop(signal.SIGKILL)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from simulators.bizfly import BizflySimulator, demo_scenario
 from simulators.common import ManualClock
 from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
+from tests.kube.polling import wait_for
 from tests.kube.rbac import bind_user
 
 CONFIGMAP = "ca-externalgrpc-templates-bizfly"  # <configmap_prefix>-<backend name>
@@ -39,7 +40,6 @@ TRANSIENT = [
     {"key": "DeletionCandidateOfClusterAutoscaler", "value": "1764780000", "effect": "PreferNoSchedule"},
     {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
 ]
-WAIT = 20.0
 
 
 # ---------------------------------------------------------------------------------------------- fixtures
@@ -150,17 +150,6 @@ def stored(admin: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]
             return {}
         raise
     return {key: json.loads(value) for key, value in (cm.data or {}).items()}
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def template_of(server: ServerProcess, group: str) -> k8s.Node:

@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, SIDECAR_VALUES, helm_template, sidecar_roles
 from tests.deploy.rendering import one, render, service_account_roles
 from tests.e2e.control_plane import ControlPlane
+from tests.kube.polling import wait_for
 from tests.kube.rbac import bind_user
 
 POOL = "f1f1f1f1-0000-4000-8000-0000000000a1"
@@ -54,7 +55,6 @@ BACKEND = "scaleway"
 JOURNAL, STATUS, TEMPLATES = "ca-externalgrpc-journal", "ca-externalgrpc-status", "ca-externalgrpc-templates-scaleway"
 SERVER_ACCOUNT = "ca-externalgrpc-server"
 ALLOCATABLE = {"cpu": "2800m", "memory": "7270Mi", "pods": "110"}
-WAIT = 20.0
 #: how the features log a refusal by RBAC: "HTTP 403 Forbidden", "the API server answered 403 Forbidden"
 REFUSAL = re.compile(r"\b403 Forbidden\b|\bForbidden\b|\bforbidden:")
 
@@ -100,15 +100,6 @@ class CountingProxy:
 def cloud() -> Iterator[ScalewaySimulator]:
     with ScalewaySimulator(scenario=SCENARIO, clock=ManualClock()) as sim:
         yield sim
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float = WAIT) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (found := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f}s: {what}")
-        time.sleep(0.1)
-    return found
 
 
 def configmap(admin: client.ApiClient, namespace: str, name: str) -> dict[str, str] | None:
