@@ -85,14 +85,16 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
         @functools.wraps(method)
         def handler(self: CloudProviderService, request: Any, context: grpc.ServicerContext) -> R:
             start = time.perf_counter()
+            ran = False  # whether the method ran: a call refused before it changed nothing to republish
             try:
                 if mutating and self.mutation_guard is not None:
                     self.mutation_guard(name)  # a follower replica refuses before anything else
+                ran = True
                 result = method(self, request, context)
                 if mutating:
                     self.mutated()
             except DomainError as err:
-                if mutating:
+                if mutating and ran:
                     self.mutated()  # a failed change may still have moved the pending state
                 code = status_for(err)
                 message = _details(err)
