@@ -1,4 +1,4 @@
-"""Process edge: build the gRPC server (TLS, health, reflection, metrics), run it, drain on SIGTERM."""
+"""Process edge: start the serving engine (TLS, health, reflection, metrics) and the backends, drain on SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,34 +7,56 @@ import logging
 import signal
 import socket
 import threading
-import time
-from concurrent import futures
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 
-from protos import externalgrpc_pb2_grpc as pb_grpc
+from protos import externalgrpc_pb2 as pb
 from providers.backend import Backend
 from providers.config_errors import ConfigError
 from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
-from server.decoding import DecodingInterceptor
 from server.group_overrides import UnmatchedOverrideCheck
 from server.kube.integration import KubeFeatures, start_features
 from server.kube.leader import Leadership
 from server.metrics import GRPC_BUCKETS, Metrics
 from server.native_front import NativeEngineMissing, NativeFront
-from server.prewrapped import PrewrappingServer
 from server.probes import HttpEndpoint, Liveness, serve_probes
+from server.rpc import Dispatcher, reflection_data, service_methods
 from server.service import SERVICE_NAME, CloudProviderService, log_rpc_calls
+
+if TYPE_CHECKING:
+    from server.grpcio_engine import GrpcioEngine
 
 log = logging.getLogger(__name__)
 
 BACKEND_HEALTH_PREFIX = "ca-externalgrpc.backend."
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
+REFLECTION_SERVICE = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class Engine(Protocol):
+    """What the server needs of a serving engine (server/grpcio_engine.py, server/native_front.py)."""
+
+    @property
+    def port(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def set_health(self, service: str, status: int) -> None: ...
+
+    def shutdown_health(self) -> None: ...
+
+    def submit(self, task: Callable[[], object]) -> object: ...
+
+    def stop(self, grace: float) -> None: ...
 
 
 def register_secrets(config: ServerConfig) -> None:
@@ -110,32 +132,28 @@ def _read_pem(key: str, path: Path) -> bytes:
         ) from None
 
 
-def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+def _tls_files(config: ServerConfig) -> tuple[bytes, bytes, bytes | None] | None:
+    """(cert, key, client CA) as read from the configured PEM files; None without TLS."""
     tls = config.tls
     if tls is None:
         return None
-    pair = (_read_pem("tls.key", tls.key), _read_pem("tls.cert", tls.cert))
-    if tls.client_ca is None:
-        return grpc.ssl_server_credentials([pair])
-    # Same semantics as the CA's cloud-config and the upstream example: a CA given => client cert required.
-    client_ca = _read_pem("tls.client_ca", tls.client_ca)
-    return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=True)
+    client_ca = _read_pem("tls.client_ca", tls.client_ca) if tls.client_ca is not None else None
+    return _read_pem("tls.cert", tls.cert), _read_pem("tls.key", tls.key), client_ca
 
 
 @dataclass
 class RunningServer:
     config: ServerConfig
-    grpc_server: grpc.Server
+    engine: Engine  # grpcio's server or the native front: owns the CA-facing port
     registry: Registry
     service: CloudProviderService
-    health: health.HealthServicer
+    dispatcher: Dispatcher  # every call Python answers, whichever engine received it
     port: int
     liveness: Liveness
     metrics: Metrics
     http: HttpEndpoint | None = None
     kube: KubeFeatures | None = None
     leadership: Leadership | None = None  # with leader election on: this replica's role
-    native: NativeFront | None = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -172,22 +190,15 @@ class RunningServer:
 
     def update_health(self, backend: Backend) -> None:
         h = backend.health()
-        status = health_pb2.HealthCheckResponse.NOT_SERVING if h.stale else health_pb2.HealthCheckResponse.SERVING
-        self.health.set(BACKEND_HEALTH_PREFIX + backend.name, status)
+        self.engine.set_health(BACKEND_HEALTH_PREFIX + backend.name, NOT_SERVING if h.stale else SERVING)
 
     def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, stop accepting, let in-flight calls finish (bounded), stop syncing."""
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self.health.enter_graceful_shutdown()
-        grace = self.config.shutdown_grace if grace is None else grace
-        if self.native is not None:
-            # The front holds every client connection, forwarded calls included: drain it first.
-            started = time.monotonic()
-            self.native.stop(grace)
-            grace = max(0.0, grace - (time.monotonic() - started))
-        self.grpc_server.stop(grace).wait(grace + 1)
+        self.engine.shutdown_health()
+        self.engine.stop(self.config.shutdown_grace if grace is None else grace)
         self.registry.stop()
         if self.kube is not None:
             self.kube.stop()
@@ -195,58 +206,34 @@ class RunningServer:
             self.http.stop()
         log.info("server stopped")
 
-    def wait(self) -> None:
-        self.grpc_server.wait_for_termination()
-
 
 def start(config: ServerConfig, backends: list[Backend] | None = None, start_backends: bool = True) -> RunningServer:
     register_secrets(config)
     registry = Registry(backends if backends is not None else build_backends(config))
     metrics = Metrics()
-    executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
-    # Outermost first: metrics see every answer, including INVALID_ARGUMENT for undecodable bytes.
-    interceptors = [metrics.interceptor(), DecodingInterceptor()]
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(registry, options, on_scale_action=metrics.scale_action)
-    server = grpc.server(
-        executor, options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 16 * 1024 * 1024)]
-    )
-    # The interceptors wrap each handler once, as the services register, not on every call.
-    registering = PrewrappingServer(server, interceptors)
-    pb_grpc.add_CloudProviderServicer_to_server(service, registering)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registering)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), registering)
-    native = None
+    cloud_provider = pb.DESCRIPTOR.services_by_name["CloudProvider"]
+    dispatcher = Dispatcher(service_methods(cloud_provider, service, metrics.rpc_observer))
+    engine: Engine
     if config.serving.engine == "native":
-        native = _start_native(config)
+        native = _start_native(config, dispatcher)
         metrics.add_native_calls(native.native_calls)
-        if server.add_insecure_port(native.grpc_address) == 0:
-            native.stop(0)
-            raise ListenError(
-                "serving.engine",
-                native.grpc_address,
-                "the gRPC server behind the native front",
-                "grpcio could not bind it",
-            )
-        bound = native.port
+        engine = native
     else:
-        bound = _bind_grpc(server, config.listen, _credentials(config))
-    liveness = Liveness(executor)
-    running = RunningServer(config, server, registry, service, health_servicer, bound, liveness, metrics)
+        engine = _start_grpcio(config, dispatcher)
+    liveness = Liveness(engine)
+    running = RunningServer(config, engine, registry, service, dispatcher, engine.port, liveness, metrics)
     if config.kubernetes.leader_election.enabled:
         # Before the ports open: a replica is a follower (refuses mutating RPCs, unready) until elected.
         running.leadership = Leadership(config.kubernetes.leader_election)
         service.mutation_guard = running.leadership.check_mutation
-    running.native = native
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:
             running.http = serve_probes(*config.http_listen, running)
         except OSError as err:
-            server.stop(None)
-            if native is not None:
-                native.stop(0)
+            engine.stop(0)
             http_host, http_port = config.http_listen
             raise ListenError(
                 "http_listen", _join(http_host, http_port), "the HTTP probes and /metrics", _bind_reason(err)
@@ -259,9 +246,10 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     metrics.watch_backends(registry.backends)
     for backend in registry.backends:
         running.update_health(backend)
-    if native is not None:
+    if isinstance(engine, NativeFront):
+        native = engine
         if log_rpc_calls():
-            log.info("per-call debug logs are on: the native engine forwards every call to Python")
+            log.info("per-call debug logs are on: the native engine hands every call to Python")
         else:
             native.feed_from(service)
             for backend in registry.backends:
@@ -270,9 +258,9 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
                 backend.template_listeners.append(native.on_sync)
     # Listen before the first sync: meanwhile Refresh answers UNAVAILABLE saying the first sync is
     # pending, which the CA logs, instead of the CA (and the kubelet) meeting a closed port.
-    server.start()
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    engine.start()
+    engine.set_health("", SERVING)
+    engine.set_health(SERVICE_NAME, SERVING)
     try:
         running.kube = start_features(
             config.kubernetes,
@@ -309,17 +297,17 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     return running
 
 
-def _start_native(config: ServerConfig) -> NativeFront:
-    """Bind the CA-facing port with the native front (same TLS rules as ``_credentials``)."""
+def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
+    """Bind the CA-facing port with the native front (TLS as on the grpcio engine)."""
     host, port = config.listen
-    tls = None
-    if config.tls is not None:
-        client_ca = _read_pem("tls.client_ca", config.tls.client_ca) if config.tls.client_ca is not None else None
-        tls = (_read_pem("tls.cert", config.tls.cert), _read_pem("tls.key", config.tls.key), client_ca)
+    tls = _tls_files(config)
+    services = (pb.DESCRIPTOR.services_by_name["CloudProvider"], HEALTH_SERVICE, REFLECTION_SERVICE)
     problem = _bind_problem(host, port)
     if problem is None:
         try:
-            return NativeFront(host, port, GRPC_BUCKETS, tls)
+            return NativeFront(
+                host, port, GRPC_BUCKETS, dispatcher, reflection_data(services), tls, python_threads=config.max_workers
+            )
         except NativeEngineMissing as err:
             raise ConfigError.single(
                 "serving.engine", str(err), "run make install, or set serving.engine: grpcio"
@@ -331,25 +319,26 @@ def _start_native(config: ServerConfig) -> NativeFront:
     raise ListenError("listen", _join(host, port), "gRPC", problem)
 
 
-def _join(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _start_grpcio(config: ServerConfig, dispatcher: Dispatcher) -> GrpcioEngine:
+    """grpcio's server with every service, bound to the CA-facing port (the kernel's port for port 0)."""
+    from server import grpcio_engine  # only this engine loads grpcio
 
-
-def _bind_grpc(server: grpc.Server, listen: tuple[str, int], creds: grpc.ServerCredentials | None) -> int:
-    """Bind the gRPC port; the bound port (the one chosen by the kernel for port 0)."""
-    host, port = listen
+    tls = _tls_files(config)
+    engine = grpcio_engine.GrpcioEngine(config, dispatcher, SERVICE_NAME)
+    host, port = config.listen
     bind = _join(host, port)
     problem = _bind_problem(host, port)
     if problem is None:
-        try:
-            bound = server.add_secure_port(bind, creds) if creds is not None else server.add_insecure_port(bind)
-        except RuntimeError:  # lost a race for the port since the check
-            bound = 0
-        if bound == 0:
+        credentials = grpcio_engine.credentials(*tls) if tls is not None else None
+        if engine.bind(bind, credentials) == 0:
             problem = _bind_problem(host, port) or "grpcio could not bind it"
     if problem is not None:
         raise ListenError("listen", bind, "gRPC", problem)
-    return bound
+    return engine
+
+
+def _join(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def run_until_signalled(running: RunningServer) -> None:

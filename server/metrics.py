@@ -32,7 +32,6 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import grpc
 import prometheus_client
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -50,7 +49,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from server.interceptors import UnaryInterceptor
+from server.rpc import Code, Observer
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +79,11 @@ def build_labels() -> dict[str, str]:
         version = importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
         version = "unknown"
-    return {"version": version, "python": platform.python_version(), "grpcio": grpc.__version__}
+    try:
+        grpcio = importlib.metadata.version("grpcio")  # read from its metadata: the native engine never loads it
+    except importlib.metadata.PackageNotFoundError:
+        grpcio = "none"
+    return {"version": version, "python": platform.python_version(), "grpcio": grpcio}
 
 
 class Metrics:
@@ -194,8 +197,20 @@ class Metrics:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ gRPC
-    def interceptor(self) -> MetricsInterceptor:
-        return MetricsInterceptor(self)
+    def rpc_observer(self, service: str, method: str) -> tuple[Callable[[], None], Observer]:
+        """Count one method's calls that Python answers: (at the start, with the code and seconds at the end)."""
+        started = self.grpc_started.labels("unary", service, method)
+        seconds = self.grpc_handling_seconds.labels("unary", service, method)
+        handled: dict[Code, Any] = {}
+
+        def observe(code: Code, elapsed: float) -> None:
+            seconds.observe(elapsed)
+            child = handled.get(code)
+            if child is None:
+                child = handled[code] = self.grpc_handled.labels("unary", service, method, code.name)
+            child.inc()
+
+        return started.inc, observe
 
     def journal_operation(self, backend: str, operation: str, result: str) -> None:
         """One call on the change journal (server/kube/journal.py)."""
@@ -409,9 +424,9 @@ class _SnapshotCollector(Collector):
         yield stale_family
 
 
-#: one method's natively answered calls: (method, calls, count per bucket of GRPC_BUCKETS then +Inf, seconds)
-NativeCall = tuple[str, int, Sequence[int], float]
-_SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
+#: one method's natively answered calls:
+#: (service, method, calls, count per bucket of GRPC_BUCKETS then +Inf, seconds)
+NativeCall = tuple[str, str, int, Sequence[int], float]
 
 
 class _ServerCallsCollector(Collector):
@@ -427,8 +442,8 @@ class _ServerCallsCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         native = list(self.native()) if self.native is not None else []
         started, handled, seconds = (next(iter(metric.collect())) for metric in self._families)
-        for method, calls, buckets, total in native:
-            labels = {"grpc_type": "unary", "grpc_service": _SERVICE, "grpc_method": method}
+        for service, method, calls, buckets, total in native:
+            labels = {"grpc_type": "unary", "grpc_service": service, "grpc_method": method}
             _add(started, "grpc_server_started_total", labels, calls)
             _add(handled, "grpc_server_handled_total", {**labels, "grpc_code": "OK"}, calls)
             cumulative = 0
@@ -449,72 +464,3 @@ def _add(family: Metric, name: str, labels: dict[str, str], value: float) -> Non
             family.samples[index] = sample._replace(value=sample.value + value)
             return
     family.samples.append(Sample(name, labels, value))
-
-
-# ---------------------------------------------------------------------- gRPC interceptor
-
-
-class MetricsInterceptor(UnaryInterceptor):
-    """Counts and times every unary-unary RPC, recording the status code the client will see.
-
-    The handler either returns (code OK, unless it called ``context.set_code``), calls
-    ``context.abort`` (which stores the code on the context and raises), or raises something else
-    (grpcio turns it into UNKNOWN). ``ServicerContext.code()`` exists in grpcio >= 1.38 and is what
-    we read; the exception is always re-raised so grpcio's own handling is unchanged.
-    Streaming RPCs (reflection, health Watch) are passed through uncounted.
-    """
-
-    def __init__(self, metrics: Metrics) -> None:
-        super().__init__()
-        self._metrics = metrics
-
-    def _wrap(self, full_method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        service, method = _split_method(full_method)
-        inner = handler.unary_unary
-        m = self._metrics
-        started = m.grpc_started.labels("unary", service, method)
-        seconds = m.grpc_handling_seconds.labels("unary", service, method)
-        handled: dict[grpc.StatusCode, Any] = {}
-
-        def count(code: grpc.StatusCode) -> None:
-            child = handled.get(code)
-            if child is None:
-                child = handled[code] = m.grpc_handled.labels("unary", service, method, code.name)
-            child.inc()
-
-        def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
-            started.inc()
-            start = time.perf_counter()
-            try:
-                response = inner(request, context)
-            except BaseException:
-                seconds.observe(time.perf_counter() - start)
-                count(_context_code(context) or grpc.StatusCode.UNKNOWN)
-                raise
-            seconds.observe(time.perf_counter() - start)
-            count(_context_code(context) or grpc.StatusCode.OK)
-            return response
-
-        return grpc.unary_unary_rpc_method_handler(
-            wrapped,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
-def _split_method(full: str) -> tuple[str, str]:
-    # "/package.Service/Method"
-    _, _, rest = full.partition("/")
-    service, _, method = rest.rpartition("/")
-    return service or "unknown", method or "unknown"
-
-
-def _context_code(context: Any) -> grpc.StatusCode | None:
-    code_fn = getattr(context, "code", None)
-    if code_fn is None:
-        return None
-    try:
-        code = code_fn()
-    except Exception:
-        return None
-    return code if isinstance(code, grpc.StatusCode) else None

@@ -1,22 +1,26 @@
-"""The native serving engine (``serving.engine: native``): a Rust front before the grpcio server.
+"""The native serving engine (``serving.engine: native``, the default): a Rust front, no grpcio.
 
 grpcio costs about 500 µs per call here whatever the handler does, twice grpc-go, and the CA's loop is
-thousands of strictly sequential reads (docs/performance.md). With this engine the extension
-``ca_externalgrpc_native`` (``native/``) owns the CA-facing socket, plaintext or TLS with the same
-rules as the grpcio path, and
+thousands of strictly sequential reads; grpcio also costs about 15 MiB of RSS (docs/performance.md).
+With this engine the extension ``ca_externalgrpc_native`` (``native/``) owns the CA-facing socket,
+plaintext or TLS with the same rules as the grpcio path, the process never imports grpcio, and the
+front
 
 * answers the hot reads (NodeGroups, NodeGroupForNode, NodeGroupTargetSize, NodeGroupGetOptions,
   NodeGroupNodes) from tables of serialized answers that this module builds with the servicer's own
   code and publishes after every sync attempt and every mutating call, so the bytes are the servicer's.
   GetOptions of a group with per-group options depends on the defaults the caller sends: the front
-  forwards the first such call and then gives Python's answer to every call with the same defaults;
-* forwards everything else unchanged over HTTP/2 to the grpcio server, which listens only on a unix
-  socket in a private directory: errors (empty id, unknown group, undecodable bytes), Refresh,
-  mutations, templates, pricing, health, reflection, with their codes, messages, interceptors and
-  metrics as on the grpcio engine. A request the tables cannot answer exactly is forwarded too.
+  hands the first such call to Python and then gives Python's answer to every call with the same
+  defaults;
+* hands every other CloudProvider call to Python: the request bytes go to ``Dispatcher.call``
+  (server/rpc.py) on the front's pool of blocking threads, the same code path as on the grpcio engine:
+  errors (empty id, unknown group, undecodable bytes), Refresh, mutations, templates, pricing, with
+  their codes, messages, metrics and logs. A request the tables cannot answer exactly goes there too;
+* answers grpc.health.v1 (Check and Watch) from the statuses Python sets, and server reflection
+  (v1 and v1alpha, for grpcurl) from the descriptors Python hands it at start.
 
 NodeGroupForNode records a group's node labels once per snapshot (templates for scale-from-zero): a
-call that carries labels for a group not recorded in the current snapshot is forwarded, and Python
+call that carries labels for a group not recorded in the current snapshot goes to Python, and Python
 marks the group recorded in the front once it has them. With per-call debug logging on (``log.level:
 debug``) nothing is published, so every call reaches Python and is logged.
 """
@@ -24,23 +28,17 @@ debug``) nothing is published, so every call reaches Python and is logged.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from providers.errors import DomainError
+from server.rpc import MAX_ANSWER_BYTES, Dispatcher, ReflectionData
 from server.service import UNMANAGED_ANSWER, CloudProviderService
 
 log = logging.getLogger(__name__)
 
-#: grpcio refuses to send a larger answer (``grpc.max_send_message_length`` in server/app.py); such an
-#: answer is left to it.
-MAX_ANSWER_BYTES = 16 * 1024 * 1024
-
-NativeCalls = list[tuple[str, int, list[int], float]]
+NativeCalls = list[tuple[str, str, int, list[int], float]]
 
 
 class NativeEngineMissing(ImportError):
@@ -66,22 +64,27 @@ class NativeFront:
         host: str,
         port: int,
         buckets: Sequence[float],
+        dispatcher: Dispatcher,
+        reflection: ReflectionData,
         tls: tuple[bytes, bytes, bytes | None] | None,
+        python_threads: int,
         threads: int = 2,
     ) -> None:
         extension = load_extension()
-        # The grpcio server listens only here: a directory only this user can enter, so the forwarded
-        # port cannot be used to get around the front's TLS and client certificates.
-        self._socket_dir = tempfile.mkdtemp(prefix="ca-externalgrpc-")
-        self.upstream = os.path.join(self._socket_dir, "grpc.sock")
         cert, key, client_ca = tls if tls is not None else (None, None, None)
-        try:
-            self._front = extension.Front(
-                host, port, self.upstream, list(buckets), cert=cert, key=key, client_ca=client_ca, threads=threads
-            )
-        except BaseException:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            raise
+        self._front = extension.Front(
+            host,
+            port,
+            list(buckets),
+            dispatcher.native,
+            list(dispatcher.methods),
+            cert=cert,
+            key=key,
+            client_ca=client_ca,
+            threads=threads,
+            python_threads=python_threads,
+        )
+        self._front.set_reflection(reflection.services, reflection.files, reflection.symbols)
         self._lock = threading.Lock()  # one publication at a time: a slower, older one never lands last
         self._service: CloudProviderService | None = None
 
@@ -89,10 +92,22 @@ class NativeFront:
     def port(self) -> int:
         return int(self._front.port)
 
-    @property
-    def grpc_address(self) -> str:
-        """Where grpcio must listen."""
-        return "unix:" + self.upstream
+    def start(self) -> None:
+        """Nothing to do: the front serves from its construction (calls reach Python at once)."""
+
+    def set_health(self, service: str, status: int) -> None:
+        self._front.set_health(service, status)
+
+    def shutdown_health(self) -> None:
+        """Every service NOT_SERVING from now on, whatever is set later."""
+        self._front.shutdown_health()
+
+    def submit(self, task: Callable[[], object]) -> None:
+        """Run ``task`` on the pool that runs Python's calls (the liveness canary, server/probes.py)."""
+        self._front.submit(task)
+
+    def wait(self) -> None:
+        threading.Event().wait()
 
     def feed_from(self, service: CloudProviderService) -> None:
         """Publish ``service``'s answers now and after every change it reports."""
@@ -123,9 +138,8 @@ class NativeFront:
         return calls
 
     def stop(self, grace: float) -> None:
-        """Stop accepting, let open calls (forwarded ones too) finish for at most ``grace`` seconds."""
+        """Stop accepting, let open calls (Python's too) finish for at most ``grace`` seconds."""
         self._front.stop(grace)
-        shutil.rmtree(self._socket_dir, ignore_errors=True)
 
 
 def _fits(message: Any) -> bytes | None:

@@ -22,9 +22,8 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
 from server.metrics import EXPOSITION_CONTENT_TYPE, Metrics
 
@@ -37,12 +36,18 @@ WEDGED_AFTER = 60.0
 Check = Callable[[], tuple[bool, str]]
 
 
+class Submitter(Protocol):
+    """The serving engine's pool of call workers (``submit`` runs a task there)."""
+
+    def submit(self, task: Callable[[], object]) -> object: ...
+
+
 class Liveness:
     """Tells a wedged process from a busy one or one whose cloud is failing (see the module doc)."""
 
     def __init__(
         self,
-        executor: Executor | None,
+        executor: Submitter | None,
         wedged_after: float = WEDGED_AFTER,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

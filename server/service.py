@@ -14,11 +14,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 from google.protobuf import any_pb2
 
 from protos import externalgrpc_pb2 as pb
-from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.backend import Backend
 from providers.cloud import CloudAdapter
 from providers.deadline import Deadline
@@ -29,6 +27,7 @@ from server import compat
 from server.errors import status_for
 from server.logs import redact
 from server.node_encoding import encode_template
+from server.rpc import Abort, CallContext, Code
 
 log = logging.getLogger("server.rpc")
 
@@ -83,7 +82,7 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
         name = method.__name__
 
         @functools.wraps(method)
-        def handler(self: CloudProviderService, request: Any, context: grpc.ServicerContext) -> R:
+        def handler(self: CloudProviderService, request: Any, context: CallContext) -> R:
             start = time.perf_counter()
             ran = False  # whether the method ran: a call refused before it changed nothing to republish
             try:
@@ -99,12 +98,12 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
                 code = status_for(err)
                 message = _details(err)
                 _log(name, mutating, request, code.name, start, message)
-                context.abort(code, message)
+                raise Abort(code, message) from None
             except Exception:  # a bug must answer INTERNAL, never crash the server or hang
                 if mutating:
                     self.mutated()
                 log.exception("unexpected failure", extra={"grpc_method": name})
-                context.abort(grpc.StatusCode.INTERNAL, f"{name} failed unexpectedly; see the server log")
+                raise Abort(Code.INTERNAL, f"{name} failed unexpectedly; see the server log") from None
             if mutating or log.isEnabledFor(logging.DEBUG):
                 _log(name, mutating, request, "OK", start, "")
             return result
@@ -155,7 +154,7 @@ def _log(method: str, mutating: bool, request: Any, code: str, start: float, mes
     log.log(level, f"{method} {code}" + (f": {message}" if message else ""), extra=extra)
 
 
-class CloudProviderService(pb_grpc.CloudProviderServicer):
+class CloudProviderService:
     def __init__(
         self,
         registry: Registry,
@@ -191,7 +190,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     def _backend(self, group_id: str) -> Backend:
         return self.registry.backend_for_group(group_id)
 
-    def _deadline(self, context: grpc.ServicerContext) -> Deadline:
+    def _deadline(self, context: CallContext) -> Deadline:
         return Deadline.from_grpc_remaining(context.time_remaining())
 
     def mutated(self) -> None:
@@ -266,12 +265,12 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     # --------------------------------------------------------------- cloud-provider level
     @rpc()
-    def NodeGroups(self, request: pb.NodeGroupsRequest, context: grpc.ServicerContext) -> pb.NodeGroupsResponse:
+    def NodeGroups(self, request: pb.NodeGroupsRequest, context: CallContext) -> pb.NodeGroupsResponse:
         return self.node_groups_response()
 
     @rpc()
     def NodeGroupForNode(
-        self, request: pb.NodeGroupForNodeRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupForNodeRequest, context: CallContext
     ) -> pb.NodeGroupForNodeResponse:
         node = request.node
         found = self.registry.group_for_provider_id(node.providerID or node.name)
@@ -291,7 +290,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc()
     def PricingNodePrice(
-        self, request: pb.PricingNodePriceRequest, context: grpc.ServicerContext
+        self, request: pb.PricingNodePriceRequest, context: CallContext
     ) -> pb.PricingNodePriceResponse:
         node = _node_ref(request.node)
         start, end = compat.pricing_window(request)
@@ -311,9 +310,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         raise NodeGroupNotFound(node.labels.get("k8s.scaleway.com/pool", "") or node.provider_id or node.name)
 
     @rpc()
-    def PricingPodPrice(
-        self, request: pb.PricingPodPriceRequest, context: grpc.ServicerContext
-    ) -> pb.PricingPodPriceResponse:
+    def PricingPodPrice(self, request: pb.PricingPodPriceRequest, context: CallContext) -> pb.PricingPodPriceResponse:
         start, end = compat.pricing_window(request)
         for backend in self.registry.backends:
             if _overrides(backend.adapter, "pod_price"):
@@ -323,13 +320,13 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         raise NotSupported("no configured backend prices pods")
 
     @rpc()
-    def GPULabel(self, request: pb.GPULabelRequest, context: grpc.ServicerContext) -> pb.GPULabelResponse:
+    def GPULabel(self, request: pb.GPULabelRequest, context: CallContext) -> pb.GPULabelResponse:
         labels = [b.adapter.gpu_label for b in self.registry.backends]
         return pb.GPULabelResponse(label=labels[0] if labels else "")
 
     @rpc()
     def GetAvailableGPUTypes(
-        self, request: pb.GetAvailableGPUTypesRequest, context: grpc.ServicerContext
+        self, request: pb.GetAvailableGPUTypesRequest, context: CallContext
     ) -> pb.GetAvailableGPUTypesResponse:
         response = pb.GetAvailableGPUTypesResponse()
         for backend in self.registry.backends:
@@ -338,11 +335,11 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         return response
 
     @rpc()
-    def Cleanup(self, request: pb.CleanupRequest, context: grpc.ServicerContext) -> pb.CleanupResponse:
+    def Cleanup(self, request: pb.CleanupRequest, context: CallContext) -> pb.CleanupResponse:
         return pb.CleanupResponse()
 
     @rpc()
-    def Refresh(self, request: pb.RefreshRequest, context: grpc.ServicerContext) -> pb.RefreshResponse:
+    def Refresh(self, request: pb.RefreshRequest, context: CallContext) -> pb.RefreshResponse:
         # A due snapshot is re-listed on the backend's listing thread (waited for a bounded time); then
         # Refresh refuses only state beyond the staleness bound.
         self.registry.refresh(self._deadline(context))
@@ -351,13 +348,13 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
     # --------------------------------------------------------------- node-group level
     @rpc()
     def NodeGroupTargetSize(
-        self, request: pb.NodeGroupTargetSizeRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupTargetSizeRequest, context: CallContext
     ) -> pb.NodeGroupTargetSizeResponse:
         return self.target_size_response(self._id(request))
 
     @rpc(mutating=True)
     def NodeGroupIncreaseSize(
-        self, request: pb.NodeGroupIncreaseSizeRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupIncreaseSizeRequest, context: CallContext
     ) -> pb.NodeGroupIncreaseSizeResponse:
         gid = self._id(request)
         backend = self._backend(gid)
@@ -371,7 +368,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc(mutating=True)
     def NodeGroupDecreaseTargetSize(
-        self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupDecreaseTargetSizeRequest, context: CallContext
     ) -> pb.NodeGroupDecreaseTargetSizeResponse:
         gid = self._id(request)
         backend = self._backend(gid)
@@ -385,7 +382,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc(mutating=True)
     def NodeGroupDeleteNodes(
-        self, request: pb.NodeGroupDeleteNodesRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupDeleteNodesRequest, context: CallContext
     ) -> pb.NodeGroupDeleteNodesResponse:
         gid = self._id(request)
         backend = self._backend(gid)
@@ -403,14 +400,12 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
         return pb.NodeGroupDeleteNodesResponse()
 
     @rpc()
-    def NodeGroupNodes(
-        self, request: pb.NodeGroupNodesRequest, context: grpc.ServicerContext
-    ) -> pb.NodeGroupNodesResponse:
+    def NodeGroupNodes(self, request: pb.NodeGroupNodesRequest, context: CallContext) -> pb.NodeGroupNodesResponse:
         return self.nodes_response(self._id(request))
 
     @rpc()
     def NodeGroupTemplateNodeInfo(
-        self, request: pb.NodeGroupTemplateNodeInfoRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupTemplateNodeInfoRequest, context: CallContext
     ) -> pb.NodeGroupTemplateNodeInfoResponse:
         gid = self._id(request)
         backend = self._backend(gid)
@@ -437,7 +432,7 @@ class CloudProviderService(pb_grpc.CloudProviderServicer):
 
     @rpc()
     def NodeGroupGetOptions(
-        self, request: pb.NodeGroupAutoscalingOptionsRequest, context: grpc.ServicerContext
+        self, request: pb.NodeGroupAutoscalingOptionsRequest, context: CallContext
     ) -> pb.NodeGroupAutoscalingOptionsResponse:
         gid = self._id(request)
         response = self.options_response(gid, request.defaults)

@@ -1,4 +1,4 @@
-"""server.metrics and server.probes: gRPC interceptor codes, cloud/backend metrics, standard process
+"""server.metrics and server.probes: the codes of calls Python answers, cloud/backend metrics, standard process
 metrics, and the probe HTTP endpoint with its liveness and readiness decisions."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ import urllib.request
 from concurrent import futures
 from dataclasses import dataclass, field
 
-import grpc
 import pytest
+from google.protobuf import wrappers_pb2
 
-from server.metrics import GRPC_BUCKETS, Metrics, MetricsInterceptor
+from server.metrics import GRPC_BUCKETS, Metrics
 from server.probes import Liveness, readiness, serve_http
+from server.rpc import Abort, Code, Dispatcher, NativeCallContext, UnaryMethod
 
 SERVICE = "test.Echo"
 
@@ -22,73 +23,64 @@ def value(m: Metrics, name: str, **labels: str) -> float | None:
     return m.registry.get_sample_value(name, labels)
 
 
-# ---------------------------------------------------------------------- gRPC interceptor
+# ---------------------------------------------------------------------- calls Python answers
 
 
-def _ident(b: bytes) -> bytes:
-    return b
-
-
-def _handlers() -> grpc.GenericRpcHandler:
+def _dispatcher(metrics: Metrics) -> Dispatcher:
     def ok(request, context):
-        return b"pong"
+        return wrappers_pb2.StringValue(value="pong " + request.value)
 
     def abort(request, context):
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "beyond max size")
+        raise Abort(Code.FAILED_PRECONDITION, "beyond max size")
 
     def raises(request, context):
         raise RuntimeError("bug")
 
-    def set_code(request, context):
-        context.set_code(grpc.StatusCode.NOT_FOUND)
-        context.set_details("no such group")
-        return b""
-
-    methods = {
-        name: grpc.unary_unary_rpc_method_handler(fn, _ident, _ident)
-        for name, fn in {"Ok": ok, "Abort": abort, "Raise": raises, "SetCode": set_code}.items()
-    }
-    return grpc.method_handlers_generic_handler(SERVICE, methods)
+    handlers = {"Ok": ok, "Abort": abort, "Raise": raises}
+    return Dispatcher(
+        [
+            UnaryMethod(SERVICE, name, wrappers_pb2.StringValue, fn, *metrics.rpc_observer(SERVICE, name))
+            for name, fn in handlers.items()
+        ]
+    )
 
 
-@pytest.fixture
-def grpc_server():
-    metrics = Metrics()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[MetricsInterceptor(metrics)])
-    server.add_generic_rpc_handlers((_handlers(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield metrics, channel
-    channel.close()
-    server.stop(None)
-
-
-def call(channel: grpc.Channel, method: str) -> grpc.StatusCode:
-    stub = channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=_ident, response_deserializer=_ident)
-    try:
-        stub(b"ping", timeout=5)
-    except grpc.RpcError as err:
-        return err.code()
-    return grpc.StatusCode.OK
+PING = wrappers_pb2.StringValue(value="ping").SerializeToString()
 
 
 @pytest.mark.parametrize(
-    "method, code",
-    [("Ok", "OK"), ("Abort", "FAILED_PRECONDITION"), ("Raise", "UNKNOWN"), ("SetCode", "NOT_FOUND")],
+    "method, data, code",
+    [
+        ("Ok", PING, "OK"),
+        ("Abort", PING, "FAILED_PRECONDITION"),
+        ("Raise", PING, "UNKNOWN"),
+        ("Ok", b"\xff\xff", "INVALID_ARGUMENT"),
+    ],
 )
-def test_handled_total_records_the_code_the_client_sees(grpc_server, method, code):
-    metrics, channel = grpc_server
-    assert call(channel, method).name == code
+def test_handled_total_records_the_code_the_client_sees(method, data, code):
+    metrics = Metrics()
+    answer = _dispatcher(metrics).call(f"/{SERVICE}/{method}", data, NativeCallContext(None, 0.0))
+    assert answer[0].name == code
     labels = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": method}
     assert value(metrics, "grpc_server_started_total", **labels) == 1
     assert value(metrics, "grpc_server_handled_total", **labels, grpc_code=code) == 1
     assert value(metrics, "grpc_server_handling_seconds_count", **labels) == 1
 
 
-def test_handling_seconds_has_sub_millisecond_buckets(grpc_server):
-    metrics, channel = grpc_server
-    call(channel, "Ok")
+def test_dispatch_answers_the_message_or_the_precise_error():
+    dispatcher = _dispatcher(Metrics())
+    context = NativeCallContext(None, 0.0)
+    code, details, body = dispatcher.call(f"/{SERVICE}/Ok", PING, context)
+    assert (code, details, wrappers_pb2.StringValue.FromString(body).value) == (Code.OK, "", "pong ping")
+    code, details, _ = dispatcher.call(f"/{SERVICE}/Ok", b"\xff\xff", context)
+    assert "not a valid google.protobuf.StringValue message" in details
+    assert dispatcher.call(f"/{SERVICE}/Abort", PING, context)[:2] == (Code.FAILED_PRECONDITION, "beyond max size")
+    assert dispatcher.call(f"/{SERVICE}/Nope", PING, context)[:2] == (Code.UNIMPLEMENTED, "Method not found!")
+
+
+def test_handling_seconds_has_sub_millisecond_buckets():
+    metrics = Metrics()
+    _dispatcher(metrics).call(f"/{SERVICE}/Ok", PING, NativeCallContext(None, 0.0))
     labels = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": "Ok"}
     assert value(metrics, "grpc_server_handling_seconds_bucket", **labels, le="0.0005") is not None
     assert value(metrics, "grpc_server_handling_seconds_bucket", **labels, le="5.0") == 1
@@ -437,7 +429,10 @@ def test_calls_the_native_engine_answered_join_the_grpc_server_series():
     # 3 calls in the first bucket (<= 0.5 ms), 1 in the +Inf slot, as the extension reports them
     per_bucket = [3] + [0] * (len(GRPC_BUCKETS) - 1) + [1]
     metrics.add_native_calls(
-        lambda: [("NodeGroupTargetSize", 4, per_bucket, 12.5), ("NodeGroups", 2, [2] + [0] * 14, 0.001)]
+        lambda: [
+            (service, "NodeGroupTargetSize", 4, per_bucket, 12.5),
+            (service, "NodeGroups", 2, [2] + [0] * 14, 0.001),
+        ]
     )
     text = metrics.exposition().decode()
     where = f'grpc_method="NodeGroupTargetSize",grpc_service="{service}",grpc_type="unary"'
