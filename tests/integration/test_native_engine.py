@@ -1,5 +1,5 @@
 """The native serving engine (``serving.engine: native``) over real gRPC: what it answers itself is
-byte for byte what the Python servicer answers, everything else reaches Python unchanged.
+byte for byte what Python's call path (``Dispatcher.call``) answers, everything else reaches Python.
 
 The rest of the gRPC suite runs through this engine too when ``CA_EXTERNALGRPC_TEST_ENGINE=native``
 (``make test`` does both); these tests pin what only this engine has: the natively answered calls,
@@ -8,6 +8,7 @@ their metrics, the republication after a mutation, the label recording of NodeGr
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +17,16 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from devstack.harness import Stack, client_credentials, open_channel, running_stack
+from devstack.clouds import scaleway_backend
+from devstack.harness import ServerProcess, Stack, client_credentials, open_channel, running_stack, server_config
 from protos import externalgrpc_pb2 as pb
+from server.native_front import NativeFront
+from server.rpc import Code, NativeCallContext
 from server.service import SERVICE_NAME
+from simulators.common import ManualClock
+from simulators.scaleway import ScalewaySimulator
 
 CLUSTER = "11111111-2222-4333-8444-555555555555"
 GENERAL = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -58,15 +65,20 @@ def raw_call(channel: grpc.Channel, method: str, request: bytes) -> bytes:
     return answer
 
 
+def front(stack: Stack) -> NativeFront:
+    engine = stack.server.engine
+    assert isinstance(engine, NativeFront), "the stack must run the native engine"
+    return engine
+
+
 def native_counts(stack: Stack) -> dict[str, int]:
-    assert stack.server.native is not None, "the stack must run the native engine"
-    return {method: calls for method, calls, _buckets, _seconds in stack.server.native.native_calls()}
+    calls = front(stack).native_calls()
+    return {method: n for service, method, n, _buckets, _seconds in calls if service == SERVICE_NAME}
 
 
-def python_channel(stack: Stack) -> grpc.Channel:
-    """A channel to the grpcio server behind the front (its private unix socket)."""
-    assert stack.server.native is not None
-    return grpc.insecure_channel(stack.server.native.grpc_address)
+def python_answer(stack: Stack, method: str, request: bytes) -> tuple[Code, str, bytes]:
+    """What Python's call path answers, called directly (the front hands it the calls it does not answer)."""
+    return stack.server.dispatcher.call(f"/{SERVICE_NAME}/{method}", request, NativeCallContext(5.0, time.monotonic()))
 
 
 def node(provider_id: str, labels: dict[str, str] | None = None) -> pb.ExternalGrpcNode:
@@ -92,10 +104,9 @@ def hot_requests(stack: Stack) -> list[tuple[str, bytes]]:
 
 
 def test_hot_reads_are_answered_natively_with_the_servicers_bytes(stack: Stack) -> None:
-    behind = python_channel(stack)
     before = native_counts(stack)
     for method, request in hot_requests(stack):
-        assert raw_call(stack.channel, method, request) == raw_call(behind, method, request), method
+        assert raw_call(stack.channel, method, request) == python_answer(stack, method, request)[2], method
     after = native_counts(stack)
     answered = {m: after.get(m, 0) - before.get(m, 0) for m in after}
     assert answered == {
@@ -128,8 +139,9 @@ def status_of(channel: grpc.Channel, method: str, request: bytes) -> tuple[grpc.
 def test_errors_are_pythons_own(stack: Stack, method: str, request_bytes: bytes) -> None:
     before = native_counts(stack)
     through_front = status_of(stack.channel, method, request_bytes)
-    assert through_front == status_of(python_channel(stack), method, request_bytes)
-    assert through_front[0] != grpc.StatusCode.OK
+    code, details, _ = python_answer(stack, method, request_bytes)
+    assert through_front == (grpc.StatusCode[code.name], details)
+    assert code != Code.OK
     assert native_counts(stack) == before, "an error is never answered natively"
 
 
@@ -141,7 +153,7 @@ def test_options_that_depend_on_the_callers_defaults_are_learned_from_python(sta
     def answered_natively(threshold: float) -> int:
         before = native_counts(stack).get("NodeGroupGetOptions", 0)
         answer = raw_call(stack.channel, "NodeGroupGetOptions", request(threshold))
-        assert answer == raw_call(python_channel(stack), "NodeGroupGetOptions", request(threshold))
+        assert answer == python_answer(stack, "NodeGroupGetOptions", request(threshold))[2]
         got = pb.NodeGroupAutoscalingOptionsResponse.FromString(answer).nodeGroupAutoscalingOptions
         assert got.scaleDownUtilizationThreshold == pytest.approx(0.3)  # the group's own option
         return native_counts(stack).get("NodeGroupGetOptions", 0) - before
@@ -199,7 +211,7 @@ def test_natively_answered_calls_are_in_the_grpc_server_series(stack: Stack) -> 
     for _ in range(5):
         stack.target(GENERAL)
     with pytest.raises(grpc.RpcError):
-        stack.target("no-such-pool")  # answered by Python: counted by its interceptor
+        stack.target("no-such-pool")  # answered by Python: counted by its call path
     text = scrape(stack)
     method = "NodeGroupTargetSize"
     for name in ("grpc_server_started_total", "grpc_server_handling_seconds_count"):
@@ -240,3 +252,39 @@ def test_tls_and_client_certificates_as_on_the_grpcio_engine(tmp_path: Path, mod
         with pytest.raises(grpc.RpcError) as info:
             raw_call(plaintext, "NodeGroups", b"")
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_native_engine_process_never_loads_grpcio_and_serves_every_service(tmp_path: Path) -> None:
+    """The point of handing calls to Python in-process: grpcio's ~15 MiB are never mapped."""
+    with ScalewaySimulator(scenario=SCENARIO, clock=ManualClock()) as sim:
+        server = ServerProcess(server_config([scaleway_backend(sim)], **NATIVE), workdir=tmp_path)
+        try:
+            maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+            assert "ca_externalgrpc_native" in maps and "cygrpc" not in maps
+            with grpc.insecure_channel(server.address) as channel:
+                assert raw_call(channel, "NodeGroups", b"")  # native
+                refresh = raw_call(channel, "Refresh", b"")  # Python, in the same process
+                assert pb.RefreshResponse.FromString(refresh) == pb.RefreshResponse()
+                code, details = status_of(channel, "NodeGroupTargetSize", b"\x0a\x02\xff\xfe")
+                assert code == grpc.StatusCode.INVALID_ARGUMENT and "NodeGroupTargetSizeRequest" in details
+                with pytest.raises(grpc.RpcError) as info:
+                    channel.unary_unary("/no.Such/Method")(b"", timeout=5)
+                assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                health = health_pb2_grpc.HealthStub(channel)
+                check = health.Check(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=5)
+                assert check.status == health_pb2.HealthCheckResponse.SERVING
+                with pytest.raises(grpc.RpcError) as info:
+                    health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+                assert info.value.code() == grpc.StatusCode.NOT_FOUND
+                listed = reflection_services(channel)
+                assert SERVICE_NAME in listed and "grpc.health.v1.Health" in listed
+            assert "cygrpc" not in Path(f"/proc/{server.process.pid}/maps").read_text()
+        finally:
+            server.stop()
+
+
+def reflection_services(channel: grpc.Channel) -> list[str]:
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    answers = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
+    return [s.name for s in answers[0].list_services_response.service]

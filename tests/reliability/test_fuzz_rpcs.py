@@ -7,7 +7,7 @@ see no mutation: the simulator's request log holds no PATCH/PUT/DELETE/POST (oth
 authentication) for the whole module.
 
 Bytes that are not a protobuf message of the method's type get INVALID_ARGUMENT naming the expected
-message (server/decoding.py), not grpcio's INTERNAL "Exception deserializing request!".
+message (server/rpc.py), not grpcio's INTERNAL "Exception deserializing request!".
 """
 
 from __future__ import annotations
