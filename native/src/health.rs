@@ -203,6 +203,53 @@ mod tests {
         );
     }
 
+    /// The frames of a streamed answer: each message's bytes, then the trailers' grpc-status.
+    async fn next(body: &mut grpc::ResponseBody) -> String {
+        use http_body_util::BodyExt;
+        let frame = body.frame().await.expect("a frame").unwrap();
+        match frame.into_data() {
+            Ok(data) => format!("message {:?}", &data[5..]),
+            Err(frame) => format!("status {:?}", frame.into_trailers().unwrap()["grpc-status"]),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_watch_sends_the_status_then_each_change_and_ends_when_the_front_stops() {
+        let h = Health::default();
+        let (stop, stopping) = watch::channel(None);
+        let (response, stream) = grpc::streamed();
+        let mut body = response.into_body();
+        tokio::spawn(watch_stream(h.watch("s"), stream, None, stopping));
+        assert_eq!(
+            next(&mut body).await,
+            "message [8, 3]",
+            "SERVICE_UNKNOWN while never set"
+        );
+        h.set("s", 1);
+        h.set("s", 1);
+        h.set("s", 2);
+        let mut seen = vec![next(&mut body).await];
+        if seen[0] != "message [8, 2]" {
+            seen.push(next(&mut body).await); // the task may have seen 1 before 2 was set
+        }
+        assert_eq!(seen.last().unwrap(), "message [8, 2]", "{seen:?}");
+        stop.send(Some(Duration::ZERO)).unwrap();
+        assert_eq!(next(&mut body).await, "status \"14\"");
+    }
+
+    #[tokio::test]
+    async fn a_watch_ends_at_its_deadline() {
+        let h = Health::default();
+        h.set("", 1);
+        let (_stop, stopping) = watch::channel(None);
+        let (response, stream) = grpc::streamed();
+        let mut body = response.into_body();
+        let deadline = Instant::now() + Duration::from_millis(20);
+        tokio::spawn(watch_stream(h.watch(""), stream, Some(deadline), stopping));
+        assert_eq!(next(&mut body).await, "message [8, 1]");
+        assert_eq!(next(&mut body).await, "status \"4\"");
+    }
+
     #[test]
     fn decodes_requests_and_encodes_responses() {
         let mut request = Vec::new();
