@@ -1,4 +1,5 @@
-//! The answers Python publishes, and the decision for one hot request: answer it or forward it.
+//! The answers Python publishes, and the decision for one hot request: answer it from them, or leave
+//! it to Python (`Decision::Python`: the front calls Python's `dispatch`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -49,7 +50,7 @@ const MAX_LEARNED_OPTIONS: usize = 4096;
 pub enum Decision {
     /// The serialized response message to send with status OK.
     Answer(Bytes),
-    Forward,
+    Python,
 }
 
 /// The current tables; `None` until Python publishes (and for good when it never does).
@@ -94,7 +95,7 @@ impl Published {
 fn lookup(map: &HashMap<String, Bytes>, key: &[u8]) -> Decision {
     match std::str::from_utf8(key).ok().and_then(|k| map.get(k)) {
         Some(answer) => Decision::Answer(answer.clone()),
-        None => Decision::Forward, // empty id, unknown group, or an answer Python did not publish
+        None => Decision::Python, // empty id, unknown group, or an answer Python did not publish
     }
 }
 
@@ -107,7 +108,7 @@ pub fn decide(published: &Published, tables: &Tables, method: usize, message: &[
         _ => wire::ID_REQUEST,
     };
     if !wire::plain(message, schema) {
-        return Decision::Forward;
+        return Decision::Python;
     }
     match method {
         0 => Decision::Answer(tables.node_groups.clone()),
@@ -126,7 +127,7 @@ pub fn decide(published: &Published, tables: &Tables, method: usize, message: &[
                     let (group, answer) = &tables.groups[index];
                     let recorded = tables.observed.get(group).is_some_and(|f| f.load(Ordering::Relaxed));
                     if wire::has_field(node, 3) && !recorded {
-                        Decision::Forward
+                        Decision::Python
                     } else {
                         Decision::Answer(answer.clone())
                     }
@@ -140,7 +141,7 @@ pub fn decide(published: &Published, tables: &Tables, method: usize, message: &[
                 Ok(gid) if tables.options_by_defaults.contains(gid) => {
                     match published.learned_options(gid, wire::bytes_of(message, 2)) {
                         Some(answer) => Decision::Answer(answer),
-                        None => Decision::Forward,
+                        None => Decision::Python,
                     }
                 }
                 _ => lookup(&tables.options, id),
@@ -150,8 +151,21 @@ pub fn decide(published: &Published, tables: &Tables, method: usize, message: &[
     }
 }
 
-/// Counts and a latency histogram per natively answered method (all answer OK), read by Python's
-/// Prometheus collector at scrape time and added to the same series grpcio's calls feed.
+/// The natively answered methods counted in [`CallMetrics`], (service, method) per slot: the hot
+/// methods in the order of [`METHODS`], then health `Check`.
+pub const COUNTED: [(&str, &str); 6] = [
+    (SERVICE, METHODS[0]),
+    (SERVICE, METHODS[1]),
+    (SERVICE, METHODS[2]),
+    (SERVICE, METHODS[3]),
+    (SERVICE, METHODS[4]),
+    (crate::health::SERVICE, "Check"),
+];
+pub const HEALTH_CHECK: usize = 5;
+
+/// Counts and a latency histogram per natively answered method (only answers with status OK are
+/// counted), read by Python's Prometheus collector at scrape time and added to the series of the calls
+/// Python answers.
 pub struct CallMetrics {
     bounds: Vec<f64>,
     counts: Vec<AtomicU64>,
@@ -162,7 +176,7 @@ pub struct CallMetrics {
 
 impl CallMetrics {
     pub fn new(bounds: Vec<f64>) -> Self {
-        let n = METHODS.len();
+        let n = COUNTED.len();
         let slots = bounds.len() + 1;
         CallMetrics {
             counts: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -185,15 +199,16 @@ impl CallMetrics {
         self.counts[method].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (method, calls, per-bucket counts with +Inf last, total seconds) for every method called.
-    pub fn read(&self) -> Vec<(String, u64, Vec<u64>, f64)> {
-        (0..METHODS.len())
+    /// (service, method, calls, per-bucket counts with +Inf last, total seconds) for every method called.
+    pub fn read(&self) -> Vec<(String, String, u64, Vec<u64>, f64)> {
+        (0..COUNTED.len())
             .filter_map(|m| {
                 let count = self.counts[m].load(Ordering::Relaxed);
                 (count > 0).then(|| {
                     let buckets = self.buckets[m].iter().map(|b| b.load(Ordering::Relaxed)).collect();
                     let seconds = self.nanos[m].load(Ordering::Relaxed) as f64 / 1e9;
-                    (METHODS[m].to_string(), count, buckets, seconds)
+                    let (service, method) = COUNTED[m];
+                    (service.to_string(), method.to_string(), count, buckets, seconds)
                 })
             })
             .collect()
@@ -235,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn answers_known_ids_and_forwards_the_rest() {
+    fn answers_known_ids_and_leaves_the_rest_to_python() {
         let t = tables();
         let p = Published::default();
         assert_eq!(
@@ -244,26 +259,26 @@ mod tests {
         );
         assert_eq!(
             decide(&p, &t, 2, &string_field(1, b"pool-x")),
-            Decision::Forward,
+            Decision::Python,
             "unknown group"
         );
-        assert_eq!(decide(&p, &t, 2, &[]), Decision::Forward, "empty id");
+        assert_eq!(decide(&p, &t, 2, &[]), Decision::Python, "empty id");
         assert_eq!(
             decide(&p, &t, 4, &string_field(1, b"pool-a")),
-            Decision::Forward,
+            Decision::Python,
             "not published"
         );
         assert_eq!(decide(&p, &t, 0, &[]), Decision::Answer(Bytes::from_static(b"groups")));
     }
 
     #[test]
-    fn node_lookups_forward_unrecorded_labels_once_marked_they_are_answered() {
+    fn node_lookups_leave_unrecorded_labels_to_python_once_marked_they_are_answered() {
         let p = Published::default();
         p.publish(tables());
         let t = p.current().unwrap();
         let answer = Decision::Answer(Bytes::from_static(b"is pool-a"));
         assert_eq!(decide(&p, &t, 1, &for_node(b"scw://1", b"n1", false)), answer);
-        assert_eq!(decide(&p, &t, 1, &for_node(b"scw://1", b"n1", true)), Decision::Forward);
+        assert_eq!(decide(&p, &t, 1, &for_node(b"scw://1", b"n1", true)), Decision::Python);
         p.mark_observed("pool-a");
         assert_eq!(decide(&p, &t, 1, &for_node(b"scw://1", b"n1", true)), answer);
         assert_eq!(
@@ -285,7 +300,7 @@ mod tests {
         let t = p.current().unwrap();
         let mut request = string_field(1, b"pool-a");
         request.extend(string_field(2, &[9, 0, 0, 0, 0, 0, 0, 0xe0, 0x3f])); // threshold 0.5
-        assert_eq!(decide(&p, &t, 3, &request), Decision::Forward);
+        assert_eq!(decide(&p, &t, 3, &request), Decision::Python);
         p.learn_options(
             "pool-a".into(),
             Bytes::copy_from_slice(wire::bytes_of(&request, 2)),
@@ -295,11 +310,11 @@ mod tests {
         let other_defaults = string_field(1, b"pool-a");
         assert_eq!(
             decide(&p, &t, 3, &other_defaults),
-            Decision::Forward,
+            Decision::Python,
             "other defaults, other answer"
         );
         p.publish(tables()); // a snapshot without the group: Python says NOT_FOUND
-        assert_eq!(decide(&p, &p.current().unwrap(), 3, &request), Decision::Forward);
+        assert_eq!(decide(&p, &p.current().unwrap(), 3, &request), Decision::Python);
     }
 
     #[test]
@@ -308,13 +323,18 @@ mod tests {
         m.record(2, 0.0005);
         m.record(2, 0.005);
         m.record(2, 1.0);
+        m.record(HEALTH_CHECK, 0.0001);
         let read = m.read();
-        assert_eq!(read.len(), 1);
-        let (name, count, buckets, seconds) = &read[0];
+        assert_eq!(read.len(), 2);
+        let (service, name, count, buckets, seconds) = &read[0];
         assert_eq!(
-            (name.as_str(), *count, buckets.clone()),
-            ("NodeGroupTargetSize", 3, vec![1, 1, 1])
+            (service.as_str(), name.as_str(), *count, buckets.clone()),
+            (SERVICE, "NodeGroupTargetSize", 3, vec![1, 1, 1])
         );
         assert!((seconds - 1.0055).abs() < 1e-6);
+        assert_eq!(
+            (read[1].0.as_str(), read[1].1.as_str(), read[1].2),
+            ("grpc.health.v1.Health", "Check", 1)
+        );
     }
 }

@@ -1,21 +1,59 @@
-//! `ca_externalgrpc_native.Front`: the native gRPC front of the server (see `server/native_front.py`).
+//! `ca_externalgrpc_native.Front`: the whole gRPC server of the process when `serving.engine` is
+//! `native` (see `server/native_front.py`), so that Python needs no grpcio at all.
 //!
-//! It owns the CA-facing listening socket, answers the hot reads from tables of serialized answers the
-//! Python side publishes after every change, and forwards every other call, unchanged, to the grpcio
-//! server on a private unix socket. Its threads never take the GIL.
+//! It owns the CA-facing listening socket (plaintext or TLS) and, per call:
+//!
+//! * answers the hot reads from tables of serialized answers Python publishes after every change, on
+//!   its own threads, never taking the GIL;
+//! * hands every other call of a method Python serves to Python's `dispatch`, on tokio's blocking pool;
+//! * answers `grpc.health.v1.Health` (`Check`, `Watch`) and server reflection (`v1` and `v1alpha`)
+//!   itself, from statuses and descriptors Python sets;
+//! * answers UNIMPLEMENTED `Method not found!` to anything else.
+//!
+//! ```text
+//! Front(host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8)
+//! ```
+//!
+//! * `host`, `port`: where to listen (every address `host` resolves to; port 0 picks one, see `port`).
+//! * `buckets`: the latency histogram bounds of `native_calls`.
+//! * `dispatch(method: str, request: bytes, timeout: float | None, metadata: list[tuple[str, str]],
+//!   peer: str) -> tuple[int, str, bytes]`: answers one unary call with (grpc status code, details,
+//!   response message). `method` is the full path `/package.Service/Method`; `timeout` the seconds left
+//!   of the client's deadline (`grpc-timeout`) when `dispatch` is called, `None` without one;
+//!   `metadata` the request's headers but `content-type`, `te`, `grpc-timeout`, `grpc-encoding`,
+//!   `grpc-accept-encoding` and binary (`-bin`) ones; `peer` as grpcio says it (`ipv4:127.0.0.1:5555`,
+//!   `ipv6:[::1]:5555`). Status 0 sends the message; another status sends `details` (the message is
+//!   ignored). If `dispatch` raises (or returns something else), its traceback is printed and the call
+//!   answered INTERNAL `the server failed to answer; see its log`. When the client's deadline passes
+//!   first, the call is answered DEADLINE_EXCEEDED `Deadline Exceeded` at that moment and Python's
+//!   answer is dropped; a call the client abandoned before a pool thread took it never reaches Python.
+//! * `methods`: the full paths `dispatch` serves (all unary-unary). The request is checked before
+//!   Python sees it: a compressed message is UNIMPLEMENTED, one over 4 MiB RESOURCE_EXHAUSTED, no
+//!   message, several or a truncated frame INTERNAL. Health and reflection paths are always native.
+//! * `cert`, `key`, `client_ca`: PEM bytes; with `client_ca`, clients must present a certificate it signed.
+//! * `threads`: the runtime's worker threads (the network and the native answers).
+//! * `python_threads`: at most this many `dispatch` (and `submit`) calls run at once.
+//!
+//! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`
+//! (the tables, see `answers.rs`); `set_health(service, status)`, `shutdown_health()`;
+//! `set_reflection(services, files, symbols)`; `submit(callable)`; `native_calls()`; `stop(grace)`.
 
 pub mod answers;
+pub mod grpc;
+pub mod health;
+pub mod reflection;
 pub mod serve;
 pub mod wire;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
@@ -23,7 +61,9 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use answers::Tables;
-use serve::Shared;
+use grpc::Status;
+use reflection::Catalog;
+use serve::{Call, Dispatch, Shared, DISPATCH_FAILED};
 
 /// A TLS acceptor with the semantics of the grpcio path: the server's key pair, and when a client CA
 /// is given, a client certificate signed by it is required. ALPN says h2 (gRPC clients insist on it).
@@ -66,6 +106,38 @@ fn os_error(err: &std::io::Error) -> PyErr {
     PyOSError::new_err((err.raw_os_error().unwrap_or(0), err.to_string()))
 }
 
+/// Python's `dispatch` callable, called on a blocking-pool thread.
+struct PyDispatch(Py<PyAny>);
+
+impl Dispatch for PyDispatch {
+    fn dispatch(&self, call: Call) -> Result<Bytes, Status> {
+        Python::with_gil(|py| {
+            let timeout = call
+                .deadline
+                .map(|deadline| deadline.saturating_duration_since(Instant::now()).as_secs_f64());
+            let args = (
+                call.method,
+                PyBytes::new(py, &call.request),
+                timeout,
+                call.metadata,
+                &*call.peer,
+            );
+            let answered = self.0.bind(py).call1(args).and_then(|result| {
+                let (code, details, message): (u32, Option<String>, Bound<'_, PyAny>) = result.extract()?;
+                if code == grpc::OK {
+                    Ok(Ok(Bytes::copy_from_slice(message.downcast::<PyBytes>()?.as_bytes())))
+                } else {
+                    Ok(Err(Status::new(code, details.unwrap_or_default())))
+                }
+            });
+            answered.unwrap_or_else(|err| {
+                err.print(py);
+                Err(Status::new(grpc::INTERNAL, DISPATCH_FAILED))
+            })
+        })
+    }
+}
+
 /// The running front. Construct it to bind and serve; `stop` drains it.
 #[pyclass(frozen, module = "ca_externalgrpc_native")]
 struct Front {
@@ -76,22 +148,27 @@ struct Front {
     done: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
+fn poisoned<T>(_: T) -> PyErr {
+    PyRuntimeError::new_err("poisoned")
+}
+
 #[pymethods]
 impl Front {
-    /// Bind `host:port` (every address the host resolves to; port 0 picks one) and serve, forwarding to
-    /// the grpcio server listening on the unix socket `upstream`. `buckets`: the latency histogram's bounds.
+    /// Bind and serve; see the module documentation for the arguments.
     #[new]
-    #[pyo3(signature = (host, port, upstream, buckets, cert=None, key=None, client_ca=None, threads=2))]
+    #[pyo3(signature = (host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         host: &str,
         port: u16,
-        upstream: String,
         buckets: Vec<f64>,
+        dispatch: Py<PyAny>,
+        methods: Vec<String>,
         cert: Option<Vec<u8>>,
         key: Option<Vec<u8>>,
         client_ca: Option<Vec<u8>>,
         threads: usize,
+        python_threads: usize,
     ) -> PyResult<Self> {
         let tls = match (cert, key) {
             (Some(cert), Some(key)) => {
@@ -100,17 +177,27 @@ impl Front {
             (None, None) => None,
             _ => return Err(PyValueError::new_err("cert and key go together")),
         };
+        if python_threads == 0 {
+            return Err(PyValueError::new_err("python_threads must be at least 1"));
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
+            .max_blocking_threads(python_threads)
             .thread_name("native-front")
             .enable_all()
             .build()
             .map_err(|e| os_error(&e))?;
         let listeners = runtime.block_on(bind(host, port)).map_err(|e| os_error(&e))?;
         let bound = listeners[0].local_addr().map_err(|e| os_error(&e))?.port();
-        let shared = Arc::new(Shared::new(upstream, buckets));
-        let (stop, stopped) = watch::channel(None);
-        let done = runtime.spawn(serve::serve(listeners, tls, shared.clone(), stopped));
+        let (stop, stopping) = watch::channel(None);
+        let methods: HashSet<String> = methods.into_iter().collect();
+        let shared = Arc::new(Shared::new(
+            buckets,
+            methods,
+            Box::new(PyDispatch(dispatch)),
+            stopping.clone(),
+        ));
+        let done = runtime.spawn(serve::serve(listeners, tls, shared.clone(), stopping));
         Ok(Front {
             shared,
             port: bound,
@@ -181,34 +268,88 @@ impl Front {
         self.shared.published.mark_observed(group);
     }
 
-    /// (method, calls, per-bucket counts with +Inf last, total seconds) of the natively answered calls.
-    fn native_calls(&self) -> Vec<(String, u64, Vec<u64>, f64)> {
+    /// Set the health status of `service` ("" for the whole server): 0 UNKNOWN, 1 SERVING,
+    /// 2 NOT_SERVING, 3 SERVICE_UNKNOWN. Ignored after `shutdown_health`.
+    fn set_health(&self, service: &str, status: i32) -> PyResult<()> {
+        if !(0..=3).contains(&status) {
+            return Err(PyValueError::new_err(format!("health status {status} is not 0-3")));
+        }
+        self.shared.health.set(service, status);
+        Ok(())
+    }
+
+    /// Every service set is NOT_SERVING from now on (grpcio's `enter_graceful_shutdown`).
+    fn shutdown_health(&self) {
+        self.shared.health.shutdown();
+    }
+
+    /// What reflection describes: `services` to list; `files` as (name, serialized
+    /// FileDescriptorProto, names of the files it imports); `symbols`: fully-qualified name -> file.
+    /// Every import and every symbol's file must be among `files`.
+    fn set_reflection(
+        &self,
+        services: Vec<String>,
+        files: Vec<(String, Vec<u8>, Vec<String>)>,
+        symbols: HashMap<String, String>,
+    ) -> PyResult<()> {
+        let files = files
+            .into_iter()
+            .map(|(name, proto, imports)| (name, Bytes::from(proto), imports))
+            .collect();
+        let catalog = Catalog::new(services, files, symbols).map_err(PyValueError::new_err)?;
+        self.shared.reflection.set(catalog);
+        Ok(())
+    }
+
+    /// Run `callable()` on the pool `dispatch` runs on, and return at once (a raise is printed).
+    /// RuntimeError once stopped.
+    fn submit(&self, callable: Py<PyAny>) -> PyResult<()> {
+        let runtime = self.runtime.lock().map_err(poisoned)?;
+        let Some(runtime) = runtime.as_ref() else {
+            return Err(PyRuntimeError::new_err("the front is stopped"));
+        };
+        runtime.spawn_blocking(move || {
+            Python::with_gil(|py| {
+                if let Err(err) = callable.call0(py) {
+                    err.print(py);
+                }
+            })
+        });
+        Ok(())
+    }
+
+    /// (service, method, calls, per-bucket counts with +Inf last, total seconds) of the calls answered
+    /// natively with status OK: the five table methods and health `Check`.
+    fn native_calls(&self) -> Vec<(String, String, u64, Vec<u64>, f64)> {
         self.shared.metrics.read()
     }
 
-    /// Stop accepting, let open calls finish for at most `grace` seconds, close the rest.
+    /// Stop accepting, let open calls (those waiting on Python too) finish for at most `grace` seconds,
+    /// close the rest and return; health `Watch` streams end at once (UNAVAILABLE).
     fn stop(&self, py: Python<'_>, grace: f64) -> PyResult<()> {
-        let Some(runtime) = self
-            .runtime
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("poisoned"))?
-            .take()
-        else {
+        let Some(runtime) = self.runtime.lock().map_err(poisoned)?.take() else {
             return Ok(());
         };
-        let done = self
-            .done
-            .lock()
-            .map_err(|_| PyRuntimeError::new_err("poisoned"))?
-            .take();
+        let done = self.done.lock().map_err(poisoned)?.take();
         let _ = self.stop.send(Some(Duration::from_secs_f64(grace.max(0.0))));
         py.allow_threads(move || {
             if let Some(done) = done {
                 let _ = runtime.block_on(done);
             }
-            runtime.shutdown_timeout(Duration::from_secs(1));
+            // The grace is over: a `dispatch` still running finishes on its own thread, its answer
+            // dropped; one not started yet never starts.
+            runtime.shutdown_background();
         });
         Ok(())
+    }
+}
+
+impl Drop for Front {
+    /// Never stopped: do not wait for pool threads (they may be waiting for the GIL this drop holds).
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.get_mut().ok().and_then(Option::take) {
+            runtime.shutdown_background();
+        }
     }
 }
 

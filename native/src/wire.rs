@@ -1,9 +1,10 @@
-//! Just enough of the protobuf wire format to read the hot requests, and to know when *not* to.
+//! Just enough of the protobuf wire format to read the hot requests (and to know when *not* to), the
+//! health and reflection requests, and to write the few messages the front builds itself.
 //!
 //! A request is answered natively only when it has the plain shape the Python servicer would decode
 //! without complaint: well-formed wire data, every known field of the wire type its schema says, each
 //! singular field at most once (a repeated singular field merges in protobuf, which we do not copy),
-//! valid UTF-8 in every string. Anything else is forwarded to Python, which then answers exactly as it
+//! valid UTF-8 in every string. Anything else is left to Python, which then answers exactly as it
 //! always does (INVALID_ARGUMENT for undecodable bytes, for example). Unknown fields are skipped, as
 //! protobuf keeps them without error.
 
@@ -23,7 +24,7 @@ pub struct Field {
     pub repeated: bool,
 }
 
-const fn field(number: u64, kind: Kind) -> Field {
+pub const fn field(number: u64, kind: Kind) -> Field {
     Field {
         number,
         kind,
@@ -83,11 +84,12 @@ fn varint(data: &mut &[u8]) -> Option<u64> {
     None
 }
 
-/// One field as it sits on the wire: its number and, for length-delimited ones, its bytes.
-struct Raw<'a> {
-    number: u64,
-    wire_type: u64,
-    bytes: &'a [u8],
+/// One field as it sits on the wire: its number, its value for varints, its bytes for the others.
+pub struct Raw<'a> {
+    pub number: u64,
+    pub wire_type: u64,
+    pub value: u64,
+    pub bytes: &'a [u8],
 }
 
 fn next_field<'a>(data: &mut &'a [u8]) -> Option<Raw<'a>> {
@@ -96,9 +98,10 @@ fn next_field<'a>(data: &mut &'a [u8]) -> Option<Raw<'a>> {
     if number == 0 || number > 536_870_911 {
         return None;
     }
+    let mut value = 0;
     let bytes: &'a [u8] = match wire_type {
         0 => {
-            varint(data)?;
+            value = varint(data)?;
             &[]
         }
         1 => {
@@ -122,8 +125,15 @@ fn next_field<'a>(data: &mut &'a [u8]) -> Option<Raw<'a>> {
     Some(Raw {
         number,
         wire_type,
+        value,
         bytes,
     })
+}
+
+/// The fields of `data` in wire order, up to the first malformed one (check with [`plain`] first).
+pub fn fields(data: &[u8]) -> impl Iterator<Item = Raw<'_>> {
+    let mut rest = data;
+    std::iter::from_fn(move || next_field(&mut rest))
 }
 
 fn wire_type(kind: Kind) -> u64 {
@@ -167,24 +177,35 @@ pub fn plain(data: &[u8], schema: &[Field]) -> bool {
 
 /// The bytes of field `number` of a message already checked by [`plain`] (so at most one).
 pub fn bytes_of(data: &[u8], number: u64) -> &[u8] {
-    let mut rest = data;
-    while let Some(raw) = next_field(&mut rest) {
-        if raw.number == number && raw.wire_type == 2 {
-            return raw.bytes;
-        }
-    }
-    &[]
+    fields(data)
+        .find(|raw| raw.number == number && raw.wire_type == 2)
+        .map_or(&[], |raw| raw.bytes)
 }
 
 /// Whether a checked message has any occurrence of the length-delimited field `number`.
 pub fn has_field(data: &[u8], number: u64) -> bool {
-    let mut rest = data;
-    while let Some(raw) = next_field(&mut rest) {
-        if raw.number == number && raw.wire_type == 2 {
-            return true;
-        }
+    fields(data).any(|raw| raw.number == number && raw.wire_type == 2)
+}
+
+pub fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
     }
-    false
+    out.push(value as u8);
+}
+
+/// A varint field (int32, enum, bool...): negative int32 values as their 64-bit two's complement.
+pub fn put_varint_field(out: &mut Vec<u8>, number: u64, value: u64) {
+    put_varint(out, number << 3);
+    put_varint(out, value);
+}
+
+/// A length-delimited field: string, bytes or an embedded message.
+pub fn put_bytes_field(out: &mut Vec<u8>, number: u64, bytes: &[u8]) {
+    put_varint(out, (number << 3) | 2);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
 }
 
 #[cfg(test)]
@@ -249,6 +270,18 @@ mod tests {
         bad_entry.extend(string_field(2, b"\xc3"));
         let bad = string_field(1, &string_field(3, &bad_entry));
         assert!(!plain(&bad, FOR_NODE_REQUEST), "invalid UTF-8 in a label value");
+    }
+
+    #[test]
+    fn writes_what_it_reads() {
+        let mut out = Vec::new();
+        put_bytes_field(&mut out, 7, &[b'x'; 200]); // a two-byte length
+        put_varint_field(&mut out, 2, 300);
+        put_varint_field(&mut out, 1, (-1i32) as i64 as u64);
+        let read: Vec<(u64, u64, u64, usize)> = fields(&out)
+            .map(|f| (f.number, f.wire_type, f.value, f.bytes.len()))
+            .collect();
+        assert_eq!(read, vec![(7, 2, 0, 200), (2, 0, 300, 0), (1, 0, u64::MAX, 0)]);
     }
 
     #[test]
