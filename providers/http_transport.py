@@ -1,6 +1,7 @@
 """Shared JSON-over-HTTP transport for the cloud clients (Scaleway, Bizfly).
 
-One ``requests.Session`` per cloud client. Every call takes its timeouts from the caller's
+One ``urllib3.PoolManager`` per cloud client (a ``ProxyManager`` when the environment names a proxy for
+the API's URL, see "Connections" below). Every call takes its timeouts from the caller's
 ``Deadline``, retries a bounded number of times with exponential backoff and full jitter (honouring
 ``Retry-After``), and goes through a circuit breaker so a dead cloud API fails fast instead of eating
 every CA deadline. Errors are ``providers.errors`` types with actionable messages that never contain
@@ -20,6 +21,23 @@ may have been applied, and the backend reads the cloud back before answering or 
 The write gate (leader election): with one set (``guard_writes``), every attempt of a cloud-changing
 request asks it just before the bytes go out, retries included, so a replica whose leadership lapsed
 mid-call sends nothing more. This is the one place such requests leave the process.
+
+Connections (urllib3 directly; ``requests`` and its charset detection, IDNA tables and certifi bundle
+cost about 4 MiB of the process's RSS for nothing this client uses):
+
+- TLS is always verified (certificate chain and host name). The trust store is the system's, as
+  OpenSSL finds it (``ssl.get_default_verify_paths()``: ``SSL_CERT_FILE``/``SSL_CERT_DIR`` when set,
+  else the OpenSSL directory, on Debian and the image ``/etc/ssl/certs`` from ``ca-certificates``).
+  ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` (a PEM file or a hashed directory), which the earlier
+  requests-based client honoured, still replace it. One context is shared by every transport.
+- Proxies come from the environment as requests took them: ``HTTPS_PROXY``/``HTTP_PROXY``/``ALL_PROXY``
+  (lower case first) by the API URL's scheme, ``NO_PROXY`` host suffixes, ``*`` and CIDR ranges; a
+  proxy URL's ``user:password@`` becomes a ``Proxy-Authorization`` header. Read when the transport is
+  made (the server makes its transports at start).
+- Redirects are not followed: a 3xx is refused with the address it points to. Following one would
+  send the credentials headers to wherever a misconfigured or hostile endpoint points.
+- urllib3 retries nothing (``retries=False``): the retry loop below is the only one. Up to 10 pooled
+  keep-alive connections per host, as requests' defaults were.
 """
 
 from __future__ import annotations
@@ -28,18 +46,23 @@ import contextlib
 import contextvars
 import datetime as dt
 import email.utils
+import functools
+import ipaddress
 import json
 import logging
+import os
 import random
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
-import requests
+import urllib3
 import urllib3.exceptions
+from urllib3.util.ssl_ import create_urllib3_context
 
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import (
@@ -64,6 +87,12 @@ _MASK = "***"
 _MAX_QUOTED_BODY = 300
 # Shortest time worth starting an attempt with; below this the attempt would only time out.
 _MIN_ATTEMPT_TIMEOUT = 0.05
+# Pooled connections per host and hosts per transport: requests' HTTPAdapter defaults (urllib3's own
+# default of one connection per host would reopen a connection for every parallel call).
+_POOL_MAXSIZE = 10
+_POOL_HOSTS = 10
+# What requests sent on every call; urllib3 decodes gzip and deflate bodies.
+_ACCEPT_ENCODING = "gzip, deflate"
 
 CLOSED = "closed"
 OPEN = "open"
@@ -109,7 +138,7 @@ class BreakerSettings:
 @dataclass(frozen=True, slots=True)
 class JsonResponse:
     status: int
-    headers: Mapping[str, str]  # case-insensitive (requests' CaseInsensitiveDict)
+    headers: Mapping[str, str]  # case-insensitive (urllib3's HTTPHeaderDict)
     body: Any  # parsed JSON, or None for an empty body
 
 
@@ -224,7 +253,7 @@ class _Breaker:
 class _Outcome:
     """One attempt's result before it is turned into an answer or an error."""
 
-    response: requests.Response | None = None
+    response: urllib3.BaseHTTPResponse | None = None
     error: Exception | None = None
     label: str = ""  # status code or error kind, for metrics/logs
     reached_cloud: bool = True  # False only when the request certainly never reached the cloud
@@ -273,8 +302,10 @@ class HttpTransport:
         self._backend = ""  # the configured backend these calls serve, for logs (set by instrument)
         self._breaker = _Breaker(breaker, clock, self._breaker_changed)
         self._write_gate: Callable[[str], None] | None = None
-        self._session = requests.Session()
-        self._session.headers.update({"User-Agent": user_agent, "Accept": "application/json"})
+        self._headers = urllib3.HTTPHeaderDict(
+            {"User-Agent": user_agent, "Accept-Encoding": _ACCEPT_ENCODING, "Accept": "application/json"}
+        )
+        self._pool = _pool_manager(self.base_url)
 
     # ------------------------------------------------------------------ public
     @property
@@ -295,7 +326,7 @@ class HttpTransport:
         self._write_gate = gate
 
     def close(self) -> None:
-        self._session.close()
+        self._pool.clear()
 
     def add_secret(self, value: str | None) -> None:
         """Mask one more value (e.g. a token obtained at run time) in every later message."""
@@ -381,6 +412,11 @@ class HttpTransport:
         probe: bool,
     ) -> JsonResponse:
         url = self.base_url + (path if path.startswith("/") else "/" + path)
+        query = _encode_params(params) if params else ""
+        if query:
+            url += ("&" if "?" in url else "?") + query
+        # Encoded once for every attempt, as requests did: NaN and infinities are not JSON.
+        body = None if json_body is None else json.dumps(json_body, allow_nan=False).encode("utf-8")
         # A half-open probe is a single attempt: its only job is to tell whether the cloud is back.
         attempts = 1 if probe else self._retry.attempts
         auth_refreshed = refresh_auth = False
@@ -398,19 +434,22 @@ class HttpTransport:
                 refresh_auth = False
             if changes_cloud and self._write_gate is not None:
                 self._check_gate(method, endpoint, maybe_applied, may_land_later)
-            outcome = self._attempt(method, url, endpoint, timeout, params, json_body, send_headers, attempt)
+            outcome = self._attempt(method, url, endpoint, timeout, body, send_headers, attempt)
             response = outcome.response
 
-            if response is not None and response.status_code == 401 and self._auth is not None and not auth_refreshed:
+            if response is not None and response.status == 401 and self._auth is not None and not auth_refreshed:
                 # A token may expire between two calls: refresh it once, then a second 401 is final.
                 self._log_attempt(method, endpoint, outcome, attempt, "refreshing the token and repeating")
                 auth_refreshed = refresh_auth = True
                 attempt -= 1  # the refresh retry does not use up a transient-failure attempt
                 continue
-            if response is not None and response.status_code < 400:
+            if response is not None and 300 <= response.status < 400:
+                self._log_attempt(method, endpoint, outcome, attempt, "redirect, not followed")
+                raise self._redirect_error(response, method, endpoint)
+            if response is not None and response.status < 400:
                 self._log_attempt(method, endpoint, outcome, attempt, "")
                 return self._parse_success(response, method, endpoint)
-            if response is not None and response.status_code not in RETRYABLE_STATUSES:
+            if response is not None and response.status not in RETRYABLE_STATUSES:
                 self._log_attempt(method, endpoint, outcome, attempt, "refused, not retried")
                 raise self._client_error(response, method, endpoint)
 
@@ -418,7 +457,7 @@ class HttpTransport:
             failure = self._transient_error(outcome, method, endpoint, idempotent)
             if changes_cloud and not self._certainly_not_processed(outcome):
                 maybe_applied = True
-                may_land_later = may_land_later or response is None or response.status_code not in _FINISHED_FAILURES
+                may_land_later = may_land_later or response is None or response.status not in _FINISHED_FAILURES
             retry_after = parse_retry_after(response.headers.get("Retry-After")) if response is not None else None
             safe_to_repeat = idempotent or self._certainly_not_processed(outcome)
             if not safe_to_repeat:
@@ -460,37 +499,31 @@ class HttpTransport:
         url: str,
         endpoint: str,
         timeout: float,
-        params: Mapping[str, Any] | None,
-        json_body: Any,
+        body: bytes | None,
         headers: Mapping[str, str],
         attempt: int,
     ) -> _Outcome:
+        send_headers = self._headers.copy()
+        send_headers.update(headers)  # case-insensitive: the caller's value replaces the default
+        if body is not None and "Content-Type" not in send_headers:
+            send_headers["Content-Type"] = "application/json"
         started = self._clock()
         try:
-            response = self._session.request(
+            # The body is read here (preload_content), inside the timed section, so a slow body counts
+            # as part of the call; the connection then goes back to the pool.
+            response = self._pool.urlopen(
                 method,
                 url,
-                params=params,
-                json=json_body,
-                headers=headers,
-                timeout=(timeout, timeout),
+                body=body,
+                headers=send_headers,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout),
+                retries=False,
+                redirect=False,
+                preload_content=True,
             )
-            # Read the body inside the timed section so a slow body counts as part of the call.
-            _ = response.content
-            outcome = _Outcome(response=response, label=str(response.status_code))
-        except requests.exceptions.ConnectTimeout as exc:
-            outcome = _Outcome(error=exc, label="connect_timeout", reached_cloud=False)
-        except requests.exceptions.ReadTimeout as exc:
-            outcome = _Outcome(error=exc, label="timeout")
-        except requests.exceptions.ConnectionError as exc:
-            # "Connection refused" / DNS failure: the request was never sent. A reset or a closed
-            # connection after sending: it may have been processed.
-            never_sent = _failed_to_connect(exc)
-            outcome = _Outcome(
-                error=exc, label="connection_refused" if never_sent else "connection", reached_cloud=not never_sent
-            )
-        except requests.exceptions.RequestException as exc:
-            outcome = _Outcome(error=exc, label="connection")
+            outcome = _Outcome(response=response, label=str(response.status))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            outcome = _Outcome(error=exc, **_classify(exc))
         seconds = self._clock() - started
         if self._metrics is not None:
             label = outcome.label
@@ -556,7 +589,7 @@ class HttpTransport:
         """Only a connection that never opened, or the rate limiter's 429, prove nothing was done."""
         if not outcome.reached_cloud:
             return True
-        return outcome.response is not None and outcome.response.status_code == 429
+        return outcome.response is not None and outcome.response.status == 429
 
     @staticmethod
     def _final(failure: CloudUnavailable, maybe_applied: bool, may_land_later: bool) -> CloudUnavailable:
@@ -577,7 +610,7 @@ class HttpTransport:
             detail = self._describe_body(outcome.response)
             return CloudUnavailable(
                 self.redact(
-                    f"{what} answered {outcome.response.status_code}{detail}; the cloud is overloaded or failing, "
+                    f"{what} answered {outcome.response.status}{detail}; the cloud is overloaded or failing, "
                     "the call will be retried later"
                 )
             )
@@ -600,8 +633,27 @@ class HttpTransport:
             self.redact(f"{what} failed: {reason} talking to {self._shown_url}; check the api_url and network path")
         )
 
-    def _client_error(self, response: requests.Response, method: str, endpoint: str) -> Exception:
-        status = response.status_code
+    def _redirect_error(self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str) -> Exception:
+        """A 3xx: refused rather than followed (the credentials would go along to the new address)."""
+        location = response.headers.get("Location", "")
+        if location:
+            # Shown without user:password@ or a query, which may carry tokens.
+            parts = urlsplit(location)
+            location = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], query="", fragment=""))
+            if len(location) > _MAX_QUOTED_BODY:
+                location = location[:_MAX_QUOTED_BODY] + "..."
+        target = f" to {location}" if location else ""
+        return CloudRequestRejected(
+            self.redact(
+                f"{self.api} API {method} {endpoint} answered {response.status}, a redirect{target}; redirects are "
+                f"not followed (the credentials would go along): set the API URL to the address that answers "
+                f"itself (now {self._shown_url})"
+            ),
+            status=response.status,
+        )
+
+    def _client_error(self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str) -> Exception:
+        status = response.status
         body = _json_or_text(response)
         if self._error_message is not None:
             try:
@@ -622,7 +674,7 @@ class HttpTransport:
             return CloudAuthFailed(self.redact(f"{what}: {reason or 'unauthorized'} ({hint})"))
         return CloudRequestRejected(self.redact(f"{what}: {reason or 'request rejected'}"), status=status)
 
-    def _describe_body(self, response: requests.Response) -> str:
+    def _describe_body(self, response: urllib3.BaseHTTPResponse) -> str:
         body = _json_or_text(response)
         if body in (None, ""):
             return ""
@@ -631,10 +683,10 @@ class HttpTransport:
             text = text[:_MAX_QUOTED_BODY] + "..."
         return ": " + self.redact(text)
 
-    def _parse_success(self, response: requests.Response, method: str, endpoint: str) -> JsonResponse:
-        raw = response.content
+    def _parse_success(self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str) -> JsonResponse:
+        raw = response.data
         if not raw.strip():
-            return JsonResponse(response.status_code, response.headers, None)
+            return JsonResponse(response.status, response.headers, None)
         content_type = response.headers.get("Content-Type", "")
         if "json" not in content_type.lower():
             raise CloudUnavailable(
@@ -648,17 +700,39 @@ class HttpTransport:
             raise CloudUnavailable(
                 f"malformed answer from {self.api} API {method} {endpoint}: invalid JSON ({why})"
             ) from None
-        return JsonResponse(response.status_code, response.headers, body)
+        return JsonResponse(response.status, response.headers, body)
 
 
-def _json_or_text(response: requests.Response) -> Any:
-    raw = response.content
+def _json_or_text(response: urllib3.BaseHTTPResponse) -> Any:
+    raw = response.data
     if not raw or not raw.strip():
         return None
     try:
         return json.loads(raw)
     except ValueError:
         return raw.decode("utf-8", errors="replace").strip()
+
+
+def _classify(exc: BaseException) -> dict[str, Any]:
+    """An attempt's exception as its metric label and whether the request may have reached the cloud.
+
+    With ``retries=False`` urllib3 raises the error itself (no ``MaxRetryError``); a proxy's is wrapped
+    in ``ProxyError`` and classified by what went wrong underneath, the proxy being part of the path.
+    """
+    if isinstance(exc, urllib3.exceptions.ProxyError) and isinstance(exc.original_error, BaseException):
+        exc = exc.original_error
+    # NewConnectionError (refused, unreachable, DNS) subclasses ConnectTimeoutError: test it first.
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError) and not isinstance(
+        exc, urllib3.exceptions.NewConnectionError
+    ):
+        return {"label": "connect_timeout", "reached_cloud": False}
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return {"label": "timeout"}
+    # "Connection refused" / DNS failure: the request was never sent. A reset or a closed connection
+    # after sending (ProtocolError), a TLS failure or anything else: it may have been processed.
+    if _failed_to_connect(exc):
+        return {"label": "connection_refused", "reached_cloud": False}
+    return {"label": "connection"}
 
 
 def _failed_to_connect(exc: BaseException) -> bool:
@@ -669,9 +743,119 @@ def _failed_to_connect(exc: BaseException) -> bool:
         seen.add(id(current))
         if isinstance(current, urllib3.exceptions.NewConnectionError | ConnectionRefusedError):
             return True
-        if isinstance(current, urllib3.exceptions.MaxRetryError) and current.reason is not None:
-            current = current.reason
-            continue
         nested = current.args[0] if current.args and isinstance(current.args[0], BaseException) else None
         current = nested or current.__cause__ or current.__context__
     return False
+
+
+def _encode_params(params: Mapping[str, Any]) -> str:
+    """The query string exactly as requests built it: ``None`` values dropped, a list or tuple value
+    repeats its key, everything else ``str()``-ed and form-encoded (space as ``+``)."""
+    pairs: list[tuple[str, Any]] = []
+    for key, values in params.items():
+        if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+            values = [values]
+        pairs.extend((key, value) for value in values if value is not None)
+    return urlencode(pairs)
+
+
+def _pool_manager(base_url: str) -> urllib3.PoolManager:
+    """The connection pools for one transport: direct, or through the proxy the environment names."""
+    # Only an https:// API needs the trust store (the loopback simulators are plain HTTP).
+    tls = _tls_context(*_ca_bundle_from_env()) if urlsplit(base_url).scheme.lower() == "https" else None
+    settings: dict[str, Any] = {"maxsize": _POOL_MAXSIZE, "block": False, "retries": False}
+    if tls is not None:
+        settings["ssl_context"] = tls
+    proxy = proxy_for(base_url)
+    if proxy is None:
+        return urllib3.PoolManager(num_pools=_POOL_HOSTS, **settings)
+    parts = urlsplit(proxy)
+    proxy_headers: dict[str, str] = {}
+    if parts.username is not None or parts.password is not None:
+        credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+        proxy_headers = urllib3.make_headers(proxy_basic_auth=credentials)
+    return urllib3.ProxyManager(
+        urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])),
+        num_pools=_POOL_HOSTS,
+        proxy_headers=proxy_headers,
+        proxy_ssl_context=_tls_context(*_ca_bundle_from_env()) if parts.scheme.lower() == "https" else None,
+        **settings,
+    )
+
+
+def proxy_for(url: str) -> str | None:
+    """The proxy URL requests would have used for ``url`` from the environment, or None to go direct.
+
+    ``<scheme>_proxy`` / ``all_proxy`` (either case, lower case winning), unless ``no_proxy`` names the
+    host: ``*``, a host or domain suffix (optionally with a port; a suffix matches whole labels only,
+    where requests also matched ``badexample.com`` for ``example.com``), or, for an IP address, a CIDR
+    range. A proxy given without a scheme is an ``http://`` one. Only ``http://`` and ``https://``
+    proxies are supported.
+    """
+    # Imported here: urllib.request is large, and the server has it loaded already (prometheus_client).
+    from urllib.request import getproxies, proxy_bypass
+
+    proxies = getproxies()
+    parts = urlsplit(url)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "")
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or not host:
+        return None
+    no_proxy = proxies.get("no", "")
+    with_port = f"{host}:{parts.port}" if parts.port is not None else host
+    if proxy_bypass(with_port) or _in_cidr(host, no_proxy):
+        return None
+    if "://" not in proxy:
+        proxy = "http://" + proxy
+    proxy_scheme = proxy.partition("://")[0].lower()
+    if proxy_scheme not in ("http", "https"):
+        shown = urlunsplit(urlsplit(proxy)._replace(netloc=urlsplit(proxy).netloc.rpartition("@")[2]))
+        raise ValueError(
+            f"the environment names the proxy {shown} for {scheme}:// URLs; only http:// and https:// "
+            "proxies are supported: change it or list the API's host in NO_PROXY"
+        )
+    return proxy
+
+
+def _in_cidr(host: str, no_proxy: str) -> bool:
+    """Whether ``host`` is an IP address inside a CIDR entry of ``no_proxy`` (the stdlib ignores those)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    for entry in no_proxy.split(","):
+        entry = entry.strip()
+        if "/" not in entry:
+            continue
+        try:
+            if address in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _ca_bundle_from_env() -> tuple[str | None, str | None]:
+    """(cafile, capath) from ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE``, or (None, None) for the system's."""
+    bundle = os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+    if not bundle:
+        return None, None
+    return (None, bundle) if os.path.isdir(bundle) else (bundle, None)
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """One verifying context per trust store, shared by every transport (and every connection: urllib3
+    would otherwise build a context and load the whole store again for each new connection)."""
+    context = create_urllib3_context(cert_reqs=ssl.CERT_REQUIRED)
+    if cafile or capath:
+        try:
+            context.load_verify_locations(cafile=cafile, capath=capath)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"REQUESTS_CA_BUNDLE/CURL_CA_BUNDLE {cafile or capath} cannot be loaded as PEM CA certificates "
+                f"({exc}); point it to a readable bundle or unset it to use the system's trust store"
+            ) from None
+    else:
+        context.load_default_certs()
+    return context
