@@ -1,6 +1,7 @@
-"""deploy/Dockerfile, linted structurally: multi-stage with the wheel built in the builder, nothing
-built in the final stage, a numeric non-root user, and an exec-form ENTRYPOINT that is the installed
-console script. No container engine is needed for these checks."""
+"""deploy/Dockerfile, linted structurally: multi-stage with the wheel built in the builder, the native
+serving engine built from native/Cargo.lock in a Rust stage and installed next to it from local wheels,
+nothing built in the final stage, a numeric non-root user, and an exec-form ENTRYPOINT that is the
+installed console script. No container engine is needed for these checks."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from tests.deploy.rendering import DEPLOY, REPO, container, one, render
 
@@ -54,6 +56,32 @@ def stages(instructions: list[Instruction]) -> list[list[Instruction]]:
     return result
 
 
+def stage_named(instructions: list[Instruction], name: str) -> list[Instruction]:
+    named = [s for s in stages(instructions) if re.search(rf"\bAS\s+{name}$", s[0].argument, re.IGNORECASE)]
+    assert len(named) == 1, f"no stage named {name!r} (FROM ... AS {name})"
+    return named[0]
+
+
+def arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
+    return {
+        i.argument.split("=", 1)[0]: i.argument.split("=", 1)[1].strip('"')
+        for i in instructions
+        if i.keyword == "ARG" and "=" in i.argument
+    }
+
+
+def base_image(instructions: list[Instruction], stage: list[Instruction]) -> str:
+    """The stage's FROM image with a ${ARG} reference replaced by the ARG's default."""
+    base = stage[0].argument.split()[0]
+    if base.startswith("${") and base.endswith("}"):
+        base = arg_defaults(instructions)[base[2:-1]]
+    return base
+
+
+def runs(stage: list[Instruction]) -> str:
+    return " ".join(i.argument for i in stage if i.keyword == "RUN")
+
+
 @pytest.fixture(scope="module")
 def instructions() -> list[Instruction]:
     return parse_dockerfile(DOCKERFILE.read_text())
@@ -68,30 +96,100 @@ def _exec_form(ins: Instruction) -> list[str]:
 def test_build_is_multi_stage_with_the_wheel_built_in_a_named_builder(instructions: list[Instruction]) -> None:
     all_stages = stages(instructions)
     assert len(all_stages) >= 2
-    builder, final = all_stages[0], all_stages[-1]
-    assert re.search(r"\bAS\s+builder$", builder[0].argument, re.IGNORECASE)
-    builder_runs = " ".join(i.argument for i in builder if i.keyword == "RUN")
-    assert "pip wheel" in builder_runs
+    builder, final = stage_named(instructions, "builder"), all_stages[-1]
+    assert builder is not final
+    assert "pip wheel" in runs(builder)
     copies = [i.argument for i in final if i.keyword == "COPY"]
     assert any(c.startswith("--from=builder ") for c in copies)
 
 
 def test_final_stage_builds_and_installs_nothing(instructions: list[Instruction]) -> None:
     final = stages(instructions)[-1]
-    runs = " ".join(i.argument for i in final if i.keyword == "RUN")
+    final_runs = runs(final)
     for tool in ("apt-get install", "apk add", "pip install", "pip wheel", "gcc", "build-essential", "make "):
-        assert tool not in runs, f"the final stage runs {tool!r}"
+        assert tool not in final_runs, f"the final stage runs {tool!r}"
     assert not any(i.keyword == "ADD" for i in final), "ADD can fetch URLs and unpack archives; use COPY"
 
 
-def test_both_stages_use_the_same_slim_python_311_base(instructions: list[Instruction]) -> None:
-    args = {i.argument.split("=", 1)[0]: i.argument.split("=", 1)[1] for i in instructions if i.keyword == "ARG"}
-    bases = [s[0].argument.split()[0] for s in stages(instructions)]
-    assert len(set(bases)) == 1, "the virtualenv is copied between stages: the interpreter must be the same"
-    base = bases[0]
-    if base.startswith("${") and base.endswith("}"):
-        base = args[base[2:-1]]
-    assert re.match(r"^python:3\.11(\.\d+)?-slim", base), base
+def test_final_stage_gets_no_rust_toolchain(instructions: list[Instruction]) -> None:
+    """The Rust stage's toolchain (rustc, cargo, gcc, maturin, the crates) stays in that stage: the final
+    stage starts from the Python base and copies only the builder's virtualenv."""
+    final = stages(instructions)[-1]
+    assert not base_image(instructions, final).startswith("rust:"), "the final stage is built on the Rust image"
+    copies = [i.argument for i in final if i.keyword == "COPY"]
+    assert copies and all(c.startswith("--from=builder ") for c in copies), copies
+    assert not re.search(r"\b(cargo|rustc|rustup|maturin)\b", runs(final))
+    # Nor does the builder, whose virtualenv the final stage copies, install maturin or Rust into it.
+    builder = stage_named(instructions, "builder")
+    assert not base_image(instructions, builder).startswith("rust:")
+    assert not re.search(r"\b(cargo|rustc|rustup|maturin)\b", runs(builder))
+
+
+def test_builder_and_final_stage_use_the_same_slim_python_311_base(instructions: list[Instruction]) -> None:
+    builder, final = stage_named(instructions, "builder"), stages(instructions)[-1]
+    bases = {builder[0].argument.split()[0], final[0].argument.split()[0]}
+    assert len(bases) == 1, "the virtualenv is copied between stages: the interpreter must be the same"
+    assert re.match(r"^python:3\.11(\.\d+)?-slim", base_image(instructions, final)), base_image(instructions, final)
+
+
+def test_native_engine_is_built_by_maturin_in_a_rust_stage_from_the_lock_file(
+    instructions: list[Instruction],
+) -> None:
+    native = stage_named(instructions, "native")
+    rust = base_image(instructions, native)
+    # A pinned minor (not rust:slim or rust:1-slim) on a named Debian release: the same toolchain and
+    # glibc every build.
+    assert re.match(r"^rust:\d+\.\d+(\.\d+)?-slim-[a-z]+$", rust), rust
+    native_runs = [i.argument for i in native if i.keyword == "RUN"]
+    builds = [r for r in native_runs if "maturin build" in r]
+    assert builds, "the native stage does not run maturin build"
+    for build in builds:
+        assert "--release" in build and "--locked" in build, build
+    # Every cargo invocation (fetch, build) sticks to native/Cargo.lock, the crates CI builds.
+    for cargo in re.findall(r"\bcargo \w+[^&;]*", " ".join(native_runs)):
+        assert "--locked" in cargo or "--frozen" in cargo, cargo
+    sources = [s for i in native if i.keyword == "COPY" for s in i.argument.split()[:-1]]
+    assert "native/Cargo.lock" in sources and "native/src" in sources
+    # The manifest and the lock file come before the sources, so a source change reuses the crates.
+    assert sources.index("native/Cargo.lock") < sources.index("native/src")
+
+
+def test_maturin_is_pinned_within_the_range_make_install_uses(instructions: list[Instruction]) -> None:
+    version = arg_defaults(instructions).get("MATURIN_VERSION")
+    assert version, "no ARG MATURIN_VERSION=<version> default"
+    assert "maturin==${MATURIN_VERSION}" in runs(stage_named(instructions, "native"))
+    dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
+    (spec,) = [d.removeprefix("maturin") for d in dev if re.match(r"^maturin\b", d)]
+    assert version in SpecifierSet(spec), f"maturin {version} is outside pyproject.toml's {spec!r}"
+
+
+def test_rust_image_is_the_python_images_debian_release(instructions: list[Instruction]) -> None:
+    """The extension links against the Rust image's glibc: it must not be newer than the runtime's."""
+    rust = base_image(instructions, stage_named(instructions, "native"))
+    python = base_image(instructions, stages(instructions)[-1])
+    release = rust.rsplit("-", 1)[-1]
+    assert python.endswith(f"-{release}"), f"{rust} and {python} are not the same Debian release"
+
+
+def test_rust_image_is_the_toolchain_the_readme_names(instructions: list[Instruction]) -> None:
+    rust = base_image(instructions, stage_named(instructions, "native"))
+    named = re.search(r"built and tested with (\d+\.\d+)", (REPO / "README.md").read_text())
+    assert named, "README.md no longer says which Rust the native engine is built and tested with"
+    assert rust.startswith(f"rust:{named.group(1)}"), (rust, named.group(0))
+
+
+def test_builder_installs_the_native_wheel_from_local_wheels_and_imports_it(
+    instructions: list[Instruction],
+) -> None:
+    builder = stage_named(instructions, "builder")
+    assert any(i.keyword == "COPY" and i.argument.startswith("--from=native ") for i in builder)
+    installs = [r for r in (i.argument for i in builder if i.keyword == "RUN") if "pip" in r and " install " in r]
+    assert installs, "the builder installs nothing"
+    for install in installs:
+        assert "--no-index" in install, f"pip may fetch from an index: {install}"
+    assert any("ca-externalgrpc-native" in r for r in installs), "the native engine's wheel is not installed"
+    # The smoke test: the extension imports with the virtualenv's interpreter.
+    assert re.search(r"/opt/ca-externalgrpc/bin/python -c \"import ca_externalgrpc_native\"", runs(builder))
 
 
 def test_runs_as_a_numeric_non_root_user(instructions: list[Instruction]) -> None:
@@ -144,7 +242,7 @@ def test_build_context_excludes_everything_but_the_package_sources(instructions:
     assert copied <= allowed, f"COPY of paths the context does not contain: {sorted(copied - allowed)}"
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert {p.rstrip("*") for p in packages["include"]} <= copied
-    assert not {".venv", "tests", ".git"} & allowed
+    assert not {".venv", "tests", ".git", "native", "native/target"} & allowed
 
 
 def test_parser_joins_continuations_and_drops_comments() -> None:
