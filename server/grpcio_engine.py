@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server.config import ServerConfig
-from server.rpc import Code, Dispatcher
+from server.rpc import MAX_ANSWER_BYTES, Code, Dispatcher
 
 #: grpc.StatusCode by our numbers
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
@@ -29,7 +29,7 @@ class GrpcioEngine:
         self.executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
         self.server = grpc.server(
             self.executor,
-            options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 16 * 1024 * 1024)],
+            options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", MAX_ANSWER_BYTES)],
         )
         handlers = {
             m.name: grpc.unary_unary_rpc_method_handler(_behavior(dispatcher, m.path))
@@ -67,9 +67,6 @@ class GrpcioEngine:
 
     def stop(self, grace: float) -> None:
         self.server.stop(grace).wait(grace + 1)
-
-    def wait(self) -> None:
-        self.server.wait_for_termination()
 
 
 def credentials(cert: bytes, key: bytes, client_ca: bytes | None) -> grpc.ServerCredentials:

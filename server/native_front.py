@@ -106,9 +106,6 @@ class NativeFront:
         """Run ``task`` on the pool that runs Python's calls (the liveness canary, server/probes.py)."""
         self._front.submit(task)
 
-    def wait(self) -> None:
-        threading.Event().wait()
-
     def feed_from(self, service: CloudProviderService) -> None:
         """Publish ``service``'s answers now and after every change it reports."""
         self._service = service
