@@ -341,6 +341,10 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+#: how often the main thread wakes to run the handler of a signal another thread received
+SIGNAL_POLL = 0.2
+
+
 def run_until_signalled(running: RunningServer) -> None:
     """Block until SIGTERM/SIGINT, then drain."""
     done = threading.Event()
@@ -351,5 +355,11 @@ def run_until_signalled(running: RunningServer) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    done.wait()
+    # Python runs a signal's handler in the main thread, the next time that thread runs bytecode. The
+    # kernel may hand SIGTERM to any thread that does not block it, the native front's among them, and
+    # then nothing interrupts a main thread blocked in a plain wait(): it would sleep through SIGTERM
+    # (seen on a loaded machine, until the kubelet's SIGKILL). Waking every SIGNAL_POLL seconds bounds
+    # that delay.
+    while not done.wait(SIGNAL_POLL):
+        pass
     running.stop()

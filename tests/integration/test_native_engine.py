@@ -8,6 +8,9 @@ their metrics, the republication after a mutation, the label recording of NodeGr
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -48,6 +51,8 @@ SCENARIO = {
     ],
 }
 NATIVE = {"serving": {"engine": "native"}}
+#: tgkill(2), to signal one thread of another process, by architecture
+SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
 OPTIONS = {TUNED: {"options": {"scale_down_utilization_threshold": 0.3}}}
 
 
@@ -288,3 +293,22 @@ def reflection_services(channel: grpc.Channel) -> list[str]:
     request = reflection_pb2.ServerReflectionRequest(list_services="")
     answers = list(stub.ServerReflectionInfo(iter([request]), timeout=5))
     return [s.name for s in answers[0].list_services_response.service]
+
+
+def test_sigterm_received_by_a_front_thread_still_drains_the_server(tmp_path: Path) -> None:
+    """The kernel may hand a process's SIGTERM to any thread: here to one of the front's, on purpose."""
+    with ScalewaySimulator(scenario=SCENARIO, clock=ManualClock()) as sim:
+        server = ServerProcess(server_config([scaleway_backend(sim)], **NATIVE), workdir=tmp_path)
+        try:
+            tasks = Path(f"/proc/{server.process.pid}/task")
+            front = [int(t.name) for t in tasks.iterdir() if (t / "comm").read_text().startswith("native-front")]
+            assert front, "the front's threads are named native-front"
+            number = SYS_TGKILL.get(os.uname().machine)
+            if number is None:
+                pytest.skip(f"no tgkill syscall number known for {os.uname().machine}")
+            libc = ctypes.CDLL(None, use_errno=True)
+            assert libc.syscall(number, server.process.pid, front[0], signal.SIGTERM) == 0, ctypes.get_errno()
+            assert server.process.wait(timeout=10) == 0
+            assert "signal received; draining" in server.output
+        finally:
+            server.stop(signal.SIGKILL)
