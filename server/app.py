@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Protocol
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
-from protos import externalgrpc_pb2 as pb
 from providers.backend import Backend
 from providers.config_errors import ConfigError
 from providers.registry import Registry
@@ -28,7 +27,7 @@ from server.metrics import GRPC_BUCKETS, Metrics
 from server.native_front import NativeEngineMissing, NativeFront
 from server.probes import HttpEndpoint, Liveness, serve_probes
 from server.rpc import Dispatcher, reflection_data, service_methods
-from server.service import SERVICE_NAME, CloudProviderService, log_rpc_calls
+from server.service import SERVICE, SERVICE_NAME, CloudProviderService, log_rpc_calls
 
 if TYPE_CHECKING:
     from server.grpcio_engine import GrpcioEngine
@@ -213,8 +212,7 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     metrics = Metrics()
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(registry, options, on_scale_action=metrics.scale_action)
-    cloud_provider = pb.DESCRIPTOR.services_by_name["CloudProvider"]
-    dispatcher = Dispatcher(service_methods(cloud_provider, service, metrics.rpc_observer))
+    dispatcher = Dispatcher(service_methods(SERVICE, service, metrics.rpc_observer))
     engine: Engine
     if config.serving.engine == "native":
         native = _start_native(config, dispatcher)
@@ -301,7 +299,7 @@ def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
     """Bind the CA-facing port with the native front (TLS as on the grpcio engine)."""
     host, port = config.listen
     tls = _tls_files(config)
-    services = (pb.DESCRIPTOR.services_by_name["CloudProvider"], HEALTH_SERVICE, REFLECTION_SERVICE)
+    services = (SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)
     problem = _bind_problem(host, port)
     if problem is None:
         try:

@@ -31,7 +31,8 @@ from server.rpc import Abort, CallContext, Code
 
 log = logging.getLogger("server.rpc")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CloudProvider"].full_name
+SERVICE = pb.DESCRIPTOR.services_by_name["CloudProvider"]
+SERVICE_NAME = SERVICE.full_name
 #: NodeGroupForNode's answer for a node of no group
 UNMANAGED_ANSWER = pb.NodeGroupForNodeResponse(nodeGroup=pb.NodeGroup(id=""))
 _EMPTY_OPTIONS = pb.NodeGroupAutoscalingOptionsResponse()
