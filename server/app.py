@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import socket
 import threading
@@ -339,10 +340,6 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-#: how often the main thread wakes to run the handler of a signal another thread received
-SIGNAL_POLL = 0.2
-
-
 def run_until_signalled(running: RunningServer) -> None:
     """Block until SIGTERM/SIGINT, then drain."""
     done = threading.Event()
@@ -356,8 +353,18 @@ def run_until_signalled(running: RunningServer) -> None:
     # Python runs a signal's handler in the main thread, the next time that thread runs bytecode. The
     # kernel may hand SIGTERM to any thread that does not block it, the native front's among them, and
     # then nothing interrupts a main thread blocked in a plain wait(): it would sleep through SIGTERM
-    # (seen on a loaded machine, until the kubelet's SIGKILL). Waking every SIGNAL_POLL seconds bounds
-    # that delay.
-    while not done.wait(SIGNAL_POLL):
-        pass
+    # (seen on a loaded machine, until the kubelet's SIGKILL). Python's own low-level handler, on
+    # whichever thread it runs, writes the signal's number to the wakeup fd; the main thread blocks
+    # reading it, so it wakes for the signal at once and runs the handler, and never wakes otherwise
+    # (an idle server spends no CPU).
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    try:
+        while not done.is_set():
+            os.read(wake_read, 64)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(wake_read)
+        os.close(wake_write)
     running.stop()

@@ -17,6 +17,7 @@ What the probes mean (docs/operations.md, "Probes"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -147,6 +148,10 @@ class HttpEndpoint:
         self.port = int(httpd.server_address[1])
 
     def stop(self) -> None:
+        # The serving loop blocks in select() with no timeout (no periodic wake-ups while idle): shutting
+        # the listening socket down makes select() return at once, so the loop sees the stop request.
+        with contextlib.suppress(OSError):
+            self._httpd.socket.shutdown(socket.SHUT_RDWR)
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
@@ -192,8 +197,9 @@ def serve_http(host: str, port: int, metrics: Metrics | None, live: Check | None
 
     bind_host = host.strip("[]")
     httpd = _server_class(bind_host)((bind_host, port), Handler)
+    # No poll interval: the loop sleeps until a request or stop() (an idle server spends no CPU).
     thread = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="http-probes", daemon=True
+        target=httpd.serve_forever, kwargs={"poll_interval": None}, name="http-probes", daemon=True
     )
     thread.start()
     return HttpEndpoint(httpd, thread)
