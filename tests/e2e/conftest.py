@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.control_plane import ControlPlanePrograms
-from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, ServeBackends, StartEnvironment
+from tests.e2e.environment import (
+    AutoscalerPrograms,
+    E2EEnvironment,
+    Layout,
+    ServeBackends,
+    StartEnvironment,
+    find_programs,
+)
 from tests.e2e.report import SUMMARY
-from tests.support.gobuild import GoBuildError, binary_path
+from tests.support.gobuild import GoBuildError
 
-# The programs tests/e2e/gomod/build.toml declares.
-CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
-KUBE_APISERVER = "kube-apiserver-1.36.2"
-KUBE_SCHEDULER = "kube-scheduler-1.36.2"
-ETCD = "etcd-3.6.8"
-PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
 DEFAULT_STEADY_SECONDS = 20.0
 
 
@@ -72,17 +72,11 @@ def resolve_programs() -> AutoscalerPrograms:
     """The binaries ``make build`` produced; one line naming what is missing and how to build it."""
     missing = ""
     try:
-        paths = {name: binary_path(name) for name in PROGRAM_NAMES}
+        return find_programs()
     except GoBuildError as err:
         missing = str(err)
-    if missing:  # failed outside the except block, so the report is this one line and no traceback
-        pytest.fail(missing, pytrace=False)
-    return AutoscalerPrograms(
-        ControlPlanePrograms(
-            etcd=paths[ETCD], kube_apiserver=paths[KUBE_APISERVER], kube_scheduler=paths[KUBE_SCHEDULER]
-        ),
-        cluster_autoscaler=paths[CLUSTER_AUTOSCALER],
-    )
+    # failed outside the except block, so the report is this one line and no traceback
+    pytest.fail(missing, pytrace=False)
 
 
 def _steady_seconds(config: pytest.Config) -> float:

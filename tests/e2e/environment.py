@@ -31,6 +31,7 @@ from simulators.scaleway import ScalewaySimulator
 from tests.e2e.autoscaler import Autoscaler, write_cloud_config
 from tests.e2e.control_plane import ControlPlane, ControlPlanePrograms
 from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
+from tests.support.gobuild import binary_path
 
 T = TypeVar("T")
 
@@ -48,6 +49,25 @@ DELETE_ROUTES = {"scaleway": "delete_node", "bizfly": "delete_node"}
 class AutoscalerPrograms:
     control_plane: ControlPlanePrograms
     cluster_autoscaler: Path
+
+
+# The programs tests/e2e/gomod/build.toml declares.
+CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
+KUBE_APISERVER = "kube-apiserver-1.36.2"
+KUBE_SCHEDULER = "kube-scheduler-1.36.2"
+ETCD = "etcd-3.6.8"
+PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
+
+
+def find_programs() -> AutoscalerPrograms:
+    """The binaries ``make build`` produced; GoBuildError, naming what is missing and how to build it."""
+    paths = {name: binary_path(name) for name in PROGRAM_NAMES}
+    return AutoscalerPrograms(
+        ControlPlanePrograms(
+            etcd=paths[ETCD], kube_apiserver=paths[KUBE_APISERVER], kube_scheduler=paths[KUBE_SCHEDULER]
+        ),
+        cluster_autoscaler=paths[CLUSTER_AUTOSCALER],
+    )
 
 
 def scaleway_pool(name: str, node_type: str, size: int, min_size: int, max_size: int, **extra: Any) -> dict[str, Any]:
