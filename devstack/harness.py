@@ -198,6 +198,13 @@ def _proc_net_host(hex_host: str) -> str:
     return str(ipaddress.ip_address(b"".join(words)))
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (all its threads) from ``/proc/<pid>/stat``, in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces; it ends at ")"
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class ChildProcess:
     """A server as a child process: output kept (in memory, or in ``log_path`` for long runs), memory
     from /proc, a real signal to stop it."""
@@ -265,6 +272,10 @@ class ChildProcess:
             if key in ("VmHWM", "VmRSS"):
                 values[key] = int(rest.split()[0]) / 1024.0  # the kernel reports kB
         return {"peak_rss_mib": values.get("VmHWM", 0.0), "rss_mib": values.get("VmRSS", 0.0)}
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, all threads) the process has used so far."""
+        return process_cpu_seconds(self.pid)
 
     def rss_kib(self) -> int:
         return round(self.memory()["rss_mib"] * 1024)

@@ -11,6 +11,7 @@ list for paging, so listing 5,000 nodes 100 at a time stays linear.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 import threading
@@ -167,7 +168,10 @@ def behaviour_from(data: Any, base: Behaviour | None = None) -> Behaviour:
 # -- the model ----------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def rfc3339(timestamp: float) -> str:
+    # Cached: a listing formats every node's two timestamps, which rarely change, and strftime was two
+    # thirds of the cost of serving a page of 100 nodes (20,000 nodes are 200 pages per listing).
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

@@ -1,7 +1,7 @@
 """Turn raw measurements (load-client JSON, simulator request log, /proc figures) into the results.
 
-The JSON written by the runner is keyed by node count (``"nodes_5000": {...}``); every figure is
-named with its unit. The table is what the README quotes.
+The JSON written by the runner is keyed by size (``"nodes_5000_groups_100": {...}``); every figure is
+named with its unit. The tables are what docs/performance.md quotes.
 """
 
 from __future__ import annotations
@@ -93,6 +93,8 @@ def freshness(cloud: CloudRequests) -> dict[str, float]:
     starts, ends = cloud.listing_starts, cloud.listing_ends
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
     ages = [ends[k + 1] - starts[k] for k in range(len(starts) - 1)]
+    # A listing ends with its last request before the next one starts (the last may still run).
+    durations = [ends[k] - starts[k] for k in range(len(starts) - 1)]
     per_listing = cloud.total / len(starts) if starts else math.nan
     mean_gap = statistics.fmean(gaps) if gaps else math.nan
     return {
@@ -104,6 +106,7 @@ def freshness(cloud: CloudRequests) -> dict[str, float]:
         "listing_interval_mean_s": mean_gap,
         "listing_interval_max_s": max(gaps) if gaps else math.nan,
         "max_answer_age_s": max(ages) if ages else math.nan,
+        "listing_duration_median_s": statistics.median(durations) if durations else math.nan,
     }
 
 
@@ -141,6 +144,7 @@ def summarize_target(
     window_s: float,
     memory: Mapping[str, float],
     startup: Mapping[str, Any],
+    cpu_per_loop_s: float = math.nan,
 ) -> dict[str, Any]:
     loops_ms = list(target["loops_ms"])
     total_requests = cloud.total
@@ -159,6 +163,7 @@ def summarize_target(
         "freshness": freshness(cloud),
         "peak_rss_mib": memory["peak_rss_mib"],
         "rss_at_end_mib": memory["rss_mib"],
+        "cpu_per_loop_s": cpu_per_loop_s,
         "startup_serving_s": startup["serving_s"],
         "startup_node_groups_s": startup["node_groups_s"],
         "startup_signal": startup["serving_signal"],
@@ -198,6 +203,7 @@ def compare(servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "cloud_requests_ratio": ratio(s["cloud_requests"], base["cloud_requests"]),
             "cloud_requests_steady_ratio": ratio(steady(s), steady(base)),
             "peak_rss_ratio": ratio(s["peak_rss_mib"], base["peak_rss_mib"]),
+            "cpu_per_loop_ratio": ratio(s["cpu_per_loop_s"], base["cpu_per_loop_s"]),
         }
         for name, s in servers.items()
         if name != BASELINE
@@ -213,9 +219,9 @@ def _fmt(value: float, digits: int = 1) -> str:
 def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table, one row per (size, server)."""
     header = (
-        "| nodes | server | loop median ms | loop p95 ms | ÷ upstream | NodeGroupForNode p50/p99 µs "
-        "| GetOptions p50/p99 µs | cloud req/min (window / steady) | max answer age s | peak RSS MiB "
-        "| start → serving s |"
+        "| nodes | groups | server | loop median ms | loop p95 ms | ÷ upstream | NodeGroupForNode p50/p99 µs "
+        "| GetOptions p50/p99 µs | CPU s / loop | ÷ upstream | cloud req/min (window / steady) "
+        "| max answer age s | peak RSS MiB | start → serving s |"
     )
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
     for key, size in results.items():
@@ -223,14 +229,17 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
             continue
         ratios = size.get("ratios", {})
         for name, s in size["servers"].items():
-            ratio = ratios.get(name, {}).get("loop_ratio")
+            ratio = ratios.get(name, {})
             ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
             start = _fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
             rows.append(
-                f"| {size['nodes']:,} | {name} | {_fmt(s['loop_median_ms'])} | {_fmt(s['loop_p95_ms'])} "
-                f"| {_fmt(ratio, 2) if ratio is not None else 'baseline'} "
+                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {_fmt(s['loop_median_ms'])} "
+                f"| {_fmt(s['loop_p95_ms'])} "
+                f"| {_fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
                 f"| {_fmt(ngfn['p50_us'], 0)} / {_fmt(ngfn['p99_us'], 0)} "
                 f"| {_fmt(opts['p50_us'], 0)} / {_fmt(opts['p99_us'], 0)} "
+                f"| {_fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
+                f"| {_fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
                 f"| {_fmt(s['cloud_requests_per_minute'], 1)} / "
                 f"{_fmt(s['freshness']['requests_per_minute_steady'], 1)} "
                 f"| {_fmt(s['freshness']['max_answer_age_s'], 1)} "
@@ -239,6 +248,10 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     rows.append("")
     rows.append(
         "(a) no grpc.health.v1 service in the upstream example: time to the first NodeGroups answering every group."
+    )
+    rows.append(
+        "CPU s / loop: the server's user + system time over the whole load-client run (warm-up loops included) "
+        "divided by its loops."
     )
     rows.append(
         "cloud req/min: window = requests in the measured window per minute; steady = requests per full "
@@ -250,3 +263,48 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
         "minus the start of the one before it)."
     )
     return "\n".join(rows)
+
+
+def curves(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The cost of each server against nodes (groups fixed) and against groups (nodes fixed), as tables.
+
+    A curve needs at least two sizes that differ only in that one dimension; none is printed otherwise.
+    """
+    sizes = [size for key, size in results.items() if key.startswith("nodes_") and "servers" in size]
+    out: list[str] = []
+    for axis, fixed in (("nodes", "groups"), ("groups", "nodes")):
+        by_fixed: dict[int, list[Mapping[str, Any]]] = {}
+        for size in sizes:
+            by_fixed.setdefault(size[fixed], []).append(size)
+        for value, points in sorted(by_fixed.items()):
+            if len({p[axis] for p in points}) < 2:
+                continue
+            out.append(f"Cost against {axis}, {value:,} {fixed}:")
+            out.append("")
+            header = (
+                f"| {axis} | server | loop median ms | loop ms per 1,000 calls | CPU s / loop | peak RSS MiB "
+                "| start → serving s | one full listing s |"
+            )
+            out += [header, "|" + "---|" * (header.count("|") - 1)]
+            for point in sorted(points, key=lambda p: p[axis]):
+                for name, s in point["servers"].items():
+                    per_call = s["loop_median_ms"] / s["calls_per_loop"] * 1000 if s["calls_per_loop"] else math.nan
+                    out.append(
+                        f"| {point[axis]:,} | {name} | {_fmt(s['loop_median_ms'])} | {_fmt(per_call, 0)} "
+                        f"| {_fmt(s.get('cpu_per_loop_s', math.nan), 3)} | {_fmt(s['peak_rss_mib'])} "
+                        f"| {_fmt(s['startup_serving_s'], 2)} "
+                        f"| {_fmt(s['freshness'].get('listing_duration_median_s', math.nan), 2)} |"
+                    )
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def finite(value: Any) -> Any:
+    """Strict JSON has no NaN or Infinity: a figure that does not exist (no upstream run) becomes null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value

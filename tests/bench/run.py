@@ -6,20 +6,20 @@ every target so the measured loops alternate A, B, A, B (drift on a noisy machin
 then read each simulator's request log (every request in it comes from its one server) and each
 server's peak RSS from /proc.
 
-    python -m tests.bench.run                      # 1,000 and 5,000 nodes, 100 groups, 20 loops
+    python -m tests.bench.run                      # 1,000/100, 5,000/100, 10,000/500, 20,000/1,000 (nodes/groups)
     python -m tests.bench.run --nodes 120 --pools 10 --loops 2   # what the smoke test runs
+    python -m tests.bench.run --sizes 1000:100 20000:100 20000:1000 --loops 3   # points of the cost curves
     python -m tests.bench.run --servers ours floor-threads floor-aio native-floor upstream   # the serving spike
 
-Prints a Markdown table and the path of the JSON results (keyed ``nodes_<N>``). Exit status 1 when a
-server answered wrongly (errors, unknown nodes, missing groups): such timings are not reported as
-valid.
+Prints a Markdown table, the cost curves (against nodes and against groups, when the sizes make them)
+and the path of the JSON results (keyed ``nodes_<N>_groups_<G>``). Exit status 1 when a server
+answered wrongly (errors, unknown nodes, missing groups): such timings are not reported as valid.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -45,14 +45,46 @@ from tests.bench.servers import (
 )
 
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "ca-externalgrpc-bench"
-LOAD_CLIENT_TIMEOUT = 1800.0
+LOAD_CLIENT_TIMEOUT = 3600.0
+# (nodes, node groups) measured by default: the sizes of the first comparison, then large clusters.
+DEFAULT_SIZES = ((1000, 100), (5000, 100), (10000, 500), (20000, 1000))
+# Measured loops per server when --loops is not given: fewer for the largest clusters, whose loop is
+# tens of thousands of calls (the median of 10 such loops is as steady as of 20 small ones).
+DEFAULT_LOOPS = 20
+LARGE_CLUSTER = 5000
+DEFAULT_LOOPS_LARGE = 10
+
+
+def size_key(nodes: int, groups: int) -> str:
+    return f"nodes_{nodes}_groups_{groups}"
+
+
+def _size(text: str) -> tuple[int, int]:
+    nodes, _, groups = text.partition(":")
+    try:
+        return int(nodes), int(groups)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size as NODES:GROUPS, e.g. 20000:1000") from None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000], help="cluster sizes to run")
-    parser.add_argument("--pools", type=int, default=100, help="node groups (Kapsule pools)")
-    parser.add_argument("--loops", type=int, default=20, help="measured loops per server and size")
+    parser.add_argument(
+        "--sizes",
+        type=_size,
+        nargs="+",
+        default=None,
+        help="cluster sizes as NODES:GROUPS (default: 1000:100 5000:100 10000:500 20000:1000)",
+    )
+    parser.add_argument("--nodes", type=int, nargs="+", default=None, help="cluster sizes, each with --pools groups")
+    parser.add_argument("--pools", type=int, default=100, help="node groups (Kapsule pools) for --nodes")
+    parser.add_argument(
+        "--loops",
+        type=int,
+        default=None,
+        help=f"measured loops per server and size (default {DEFAULT_LOOPS}, {DEFAULT_LOOPS_LARGE} above "
+        f"{LARGE_CLUSTER:,} nodes)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured loops per server before measuring")
     parser.add_argument(
         "--servers",
@@ -68,7 +100,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="run our server under py-spy (must be on PATH) and write a speedscope profile per size",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.sizes is not None and args.nodes is not None:
+        parser.error("give --sizes or --nodes (with --pools), not both")
+    if args.nodes is not None:
+        args.sizes = [(n, args.pools) for n in args.nodes]
+    elif args.sizes is None:
+        args.sizes = list(DEFAULT_SIZES)
+    return args
+
+
+def loops_for(args: argparse.Namespace, nodes: int) -> int:
+    if args.loops is not None:
+        return int(args.loops)
+    return DEFAULT_LOOPS if nodes <= LARGE_CLUSTER else DEFAULT_LOOPS_LARGE
 
 
 def _start_profiler(server: BenchedServer, out: Path, nodes: int) -> subprocess.Popen[bytes]:
@@ -108,9 +153,10 @@ def _run_load_client(
     clusters: dict[str, BenchCluster],
     nodes_file: Path,
     args: argparse.Namespace,
+    loops: int,
 ) -> dict[str, Any]:
     result_file = nodes_file.with_name(f"loadclient-{nodes_file.stem}.json")
-    argv = [str(client), "-nodes", str(nodes_file), "-loops", str(args.loops), "-warmup", str(args.warmup)]
+    argv = [str(client), "-nodes", str(nodes_file), "-loops", str(loops), "-warmup", str(args.warmup)]
     argv += ["-out", str(result_file)]
     for name, server in servers.items():
         argv += ["-target", f"{name}={server.address}"]
@@ -122,12 +168,12 @@ def _run_load_client(
     return json.loads(result_file.read_text())
 
 
-def _start_clusters(names: Sequence[str], args: argparse.Namespace, nodes: int) -> dict[str, BenchCluster]:
+def _start_clusters(names: Sequence[str], groups: int, nodes: int) -> dict[str, BenchCluster]:
     """One simulator per server, from the same seeded scenario; checked to hold the very same nodes."""
     clusters: dict[str, BenchCluster] = {}
     try:
         for name in names:
-            clusters[name] = start_cluster(args.pools, nodes)
+            clusters[name] = start_cluster(groups, nodes)
         lists = [node_list(c) for c in clusters.values()]
         if any(other != lists[0] for other in lists[1:]):
             raise report.InvalidRun("the simulators of the servers do not hold the same nodes")
@@ -138,13 +184,16 @@ def _start_clusters(names: Sequence[str], args: argparse.Namespace, nodes: int) 
     return clusters
 
 
-def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path | None, out: Path) -> dict[str, Any]:
-    workdir = out / f"nodes_{nodes}"
+def run_size(
+    nodes: int, groups: int, args: argparse.Namespace, client: Path, upstream: Path | None, out: Path
+) -> dict[str, Any]:
+    workdir = out / size_key(nodes, groups)
     workdir.mkdir(parents=True, exist_ok=True)
+    loops = loops_for(args, nodes)
     # A fixed order within each round (ours first); the alternation spreads drift over all servers.
     known = (*OURS_VARIANTS, *FLOOR_VARIANTS, "native-floor", "upstream")
     names = [n for n in known if n in args.servers and (n != "upstream" or upstream)]
-    clusters = _start_clusters(names, args, nodes)
+    clusters = _start_clusters(names, groups, nodes)
     servers: dict[str, BenchedServer] = {}
     profiler: subprocess.Popen[bytes] | None = None
     try:
@@ -164,7 +213,9 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
                 servers[name] = start_ours(clusters[name], workdir, args.log_level, name, OURS_VARIANTS[name])
         if args.profile and "ours" in servers:
             profiler = _start_profiler(servers["ours"], out, nodes)
-        raw = _run_load_client(client, servers, clusters, nodes_file, args)
+        cpu_before = {name: server.process.cpu_seconds() for name, server in servers.items()}
+        raw = _run_load_client(client, servers, clusters, nodes_file, args, loops)
+        cpu = {name: server.process.cpu_seconds() - cpu_before[name] for name, server in servers.items()}
         _stop_profiler(profiler)
         profiler = None
         expected = report.Expectation(
@@ -184,7 +235,7 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
             summaries[name] = report.summarize_target(
                 target,
                 cloud,
-                args.loops,
+                loops,
                 raw["measure_seconds"],
                 server.process.memory(),
                 {
@@ -192,6 +243,9 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
                     "node_groups_s": startup.node_groups_s,
                     "serving_signal": startup.serving_signal,
                 },
+                # Over the whole load-client run: the warm-up loops too, and the time the other servers
+                # ran their loops (an idle server spends nothing then).
+                cpu[name] / (loops + args.warmup),
             )
         return {
             "baseline": report.BASELINE if report.BASELINE in summaries else None,
@@ -200,7 +254,7 @@ def run_size(nodes: int, args: argparse.Namespace, client: Path, upstream: Path 
             "unmanaged_nodes": first.unmanaged_nodes,
             "groups": first.pools,
             "groups_at_zero": first.empty_pools,
-            "loops": args.loops,
+            "loops": loops,
             "warmup_loops": args.warmup,
             "measure_window_s": raw["measure_seconds"],
             "load_average": os.getloadavg(),
@@ -254,37 +308,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     results: dict[str, Any] = {"environment": _environment(_notes(args.servers, pin))}
     failed = False
-    for nodes in args.nodes:
+    for nodes, groups in args.sizes:
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        loops = loops_for(args, nodes)
         print(
-            f"running {nodes:,} nodes / {args.pools} groups, {args.loops} loops per server (load {load}) ...",
+            f"running {nodes:,} nodes / {groups:,} groups, {loops} loops per server (load {load}) ...",
             flush=True,
         )
+        began = time.monotonic()
+        key = size_key(nodes, groups)
         try:
-            results[f"nodes_{nodes}"] = run_size(nodes, args, client, upstream, out)
+            results[key] = run_size(nodes, groups, args, client, upstream, out)
+            results[key]["wall_s"] = time.monotonic() - began
         except (report.InvalidRun, ServerStartError) as exc:
             failed = True
-            results[f"nodes_{nodes}"] = {"nodes": nodes, "error": str(exc)}
-            print(f"INVALID at {nodes} nodes: {exc}", file=sys.stderr, flush=True)
+            results[key] = {"nodes": nodes, "groups": groups, "error": str(exc)}
+            print(f"INVALID at {nodes} nodes / {groups} groups: {exc}", file=sys.stderr, flush=True)
     result_file = out / "bench-results.json"
-    result_file.write_text(json.dumps(_finite(results), indent=2, allow_nan=False) + "\n")
+    result_file.write_text(json.dumps(report.finite(results), indent=2, allow_nan=False) + "\n")
+    measured = {k: v for k, v in results.items() if "servers" in v}
     print()
-    print(report.table({k: v for k, v in results.items() if "servers" in v}))
+    print(report.table(measured))
+    curves = report.curves(measured)
+    if curves:
+        print()
+        print(curves)
     print()
     print(f"results: {result_file}")
-    print(f"server logs and load-client output: {out}/nodes_<N>/")
+    print(f"server logs and load-client output: {out}/nodes_<N>_groups_<G>/")
     return 1 if failed else 0
-
-
-def _finite(value: Any) -> Any:
-    """Strict JSON has no NaN or Infinity: a figure that does not exist (no upstream run) becomes null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite(item) for item in value]
-    return value
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from simulators.common.request_log import RecordedRequest
-from tests.bench import report
+from tests.bench import report, run
 from tests.bench.cluster import UNMANAGED_POOL, bench_scenario
 
 OURS_AGENT = "ca-externalgrpc-server/0.1.0 cluster-id/c"
@@ -82,6 +82,7 @@ def test_freshness_bounds_the_age_of_answers_by_the_listings() -> None:
     assert fresh["listing_interval_mean_s"] == pytest.approx(32.5)
     assert fresh["listing_interval_max_s"] == pytest.approx(35.0)
     assert fresh["max_answer_age_s"] == pytest.approx(37.0)  # listing 3 ends at 67, listing 2 began at 30
+    assert fresh["listing_duration_median_s"] == pytest.approx(2.0)  # the last one may still run: left out
     assert math.isnan(report.freshness(report.cloud_requests("ours", requests[:4]))["max_answer_age_s"])
 
 
@@ -102,8 +103,10 @@ def test_a_run_with_errors_or_unknown_nodes_is_invalid() -> None:
 
 def test_ratios_are_against_the_upstream_example() -> None:
     ours = {"loop_median_ms": 30.0, "loop_p95_ms": 40.0, "cloud_requests": 5, "peak_rss_mib": 60.0}
+    ours |= {"cpu_per_loop_s": 0.1}
     ours["freshness"] = {"requests_per_minute_steady": 90.0}
     upstream = {"loop_median_ms": 20.0, "loop_p95_ms": 20.0, "cloud_requests": 10, "peak_rss_mib": 30.0}
+    upstream |= {"cpu_per_loop_s": 0.4}
     upstream["freshness"] = {"requests_per_minute_steady": 100.0}
     assert report.compare({"ours": ours}) == {}
     ratios = report.compare({"ours": ours, "floor-aio": ours, "upstream": upstream})
@@ -113,3 +116,40 @@ def test_ratios_are_against_the_upstream_example() -> None:
     assert ratios["ours"]["cloud_requests_ratio"] == pytest.approx(0.5)
     assert ratios["ours"]["cloud_requests_steady_ratio"] == pytest.approx(0.9)
     assert ratios["ours"]["peak_rss_ratio"] == pytest.approx(2.0)
+    assert ratios["ours"]["cpu_per_loop_ratio"] == pytest.approx(0.25)
+
+
+def _size(nodes: int, groups: int, loop_ms: float) -> dict:
+    server = {
+        "loop_median_ms": loop_ms,
+        "calls_per_loop": 4 * nodes,
+        "cpu_per_loop_s": loop_ms / 5000,
+        "peak_rss_mib": 40 + nodes / 1000,
+        "startup_serving_s": 1.0,
+        "freshness": {"listing_duration_median_s": nodes / 10000},
+    }
+    return {"nodes": nodes, "groups": groups, "servers": {"ours": server}}
+
+
+def test_cost_curves_need_two_sizes_that_differ_in_one_dimension() -> None:
+    results = {
+        run.size_key(1000, 100): _size(1000, 100, 400.0),
+        run.size_key(20000, 100): _size(20000, 100, 8000.0),
+        run.size_key(20000, 1000): _size(20000, 1000, 9000.0),
+    }
+    text = report.curves(results)
+    assert "Cost against nodes, 100 groups:" in text
+    assert "Cost against groups, 20,000 nodes:" in text
+    assert "| 20,000 | ours | 8,000.0 | 100 | 1.600 | 60.0 | 1.00 | 2.00 |" in text
+    assert report.curves({run.size_key(1000, 100): _size(1000, 100, 400.0)}) == ""
+
+
+def test_sizes_are_nodes_and_groups_and_large_clusters_run_fewer_loops() -> None:
+    args = run.parse_args(["--sizes", "1000:100", "20000:1000"])
+    assert args.sizes == [(1000, 100), (20000, 1000)]
+    assert (run.loops_for(args, 1000), run.loops_for(args, 20000)) == (20, 10)
+    assert run.parse_args(["--nodes", "120", "--pools", "10"]).sizes == [(120, 10)]
+    assert run.parse_args([]).sizes == list(run.DEFAULT_SIZES)
+    assert run.loops_for(run.parse_args(["--loops", "3"]), 20000) == 3
+    with pytest.raises(SystemExit):
+        run.parse_args(["--sizes", "1000"])

@@ -21,6 +21,7 @@ from tests.bench.cluster import unmanaged_count
 NODES, POOLS, LOOPS = 120, 10, 2
 UNMANAGED = unmanaged_count(NODES)
 AUTOSCALED = NODES - UNMANAGED
+KEY = run.size_key(NODES, POOLS)
 
 
 @pytest.fixture(scope="module")
@@ -30,17 +31,17 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     servers = ["--servers", "ours", "upstream", "floor-threads"]
     status = run.main([*argv, *servers, "--out", str(out), "--log-level", "warning"])
     results = json.loads((out / "bench-results.json").read_text())
-    return {"status": status, "results": results, "ours": results[f"nodes_{NODES}"].get("servers", {}).get("ours")}
+    return {"status": status, "results": results, "ours": results[KEY].get("servers", {}).get("ours")}
 
 
 def test_smoke_run_succeeds_and_writes_results_keyed_by_node_count(smoke: dict) -> None:
     assert smoke["status"] == 0, smoke["results"]
-    assert smoke["results"][f"nodes_{NODES}"]["nodes"] == NODES
+    assert smoke["results"][KEY]["nodes"] == NODES
     assert smoke["ours"] is not None
 
 
 def test_one_loop_replays_the_ca_call_pattern(smoke: dict) -> None:
-    size = smoke["results"][f"nodes_{NODES}"]
+    size = smoke["results"][KEY]
     groups, at_zero = size["groups"], size["groups_at_zero"]
     assert groups == POOLS and at_zero == 1  # every tenth pool starts empty
     assert size["unmanaged_nodes"] == UNMANAGED > 0
@@ -55,7 +56,7 @@ def test_one_loop_replays_the_ca_call_pattern(smoke: dict) -> None:
 
 
 def test_every_measured_call_is_counted_per_rpc(smoke: dict) -> None:
-    for server in smoke["results"][f"nodes_{NODES}"]["servers"].values():
+    for server in smoke["results"][KEY]["servers"].values():
         rpc = server["rpc"]
         assert rpc["NodeGroupForNode"]["count"] == (AUTOSCALED + 4 * UNMANAGED) * LOOPS
         assert rpc["NodeGroupGetOptions"]["count"] == (2 * AUTOSCALED + 2 * ((AUTOSCALED + 1) // 2)) * LOOPS
@@ -67,19 +68,20 @@ def test_every_measured_call_is_counted_per_rpc(smoke: dict) -> None:
 def test_process_figures_come_from_the_server_process(smoke: dict) -> None:
     ours = smoke["ours"]
     assert ours["peak_rss_mib"] >= ours["rss_at_end_mib"] > 0
+    assert ours["cpu_per_loop_s"] > 0
     assert 0 < ours["startup_serving_s"] <= ours["startup_node_groups_s"]
     assert ours["startup_signal"] == "grpc.health.v1 SERVING"
     assert ours["loops"] == LOOPS
 
 
 def test_every_cloud_request_comes_from_the_server_it_is_counted_for(smoke: dict) -> None:
-    for server in smoke["results"][f"nodes_{NODES}"]["servers"].values():
+    for server in smoke["results"][KEY]["servers"].values():
         assert server["foreign_cloud_requests"] == 0
         assert server["cloud_requests"] == sum(server["cloud_requests_by_route"].values())
 
 
 def test_ours_is_compared_with_the_upstream_example_at_its_release(smoke: dict) -> None:
-    size = smoke["results"][f"nodes_{NODES}"]
+    size = smoke["results"][KEY]
     upstream = size["servers"]["upstream"]
     assert size["baseline"] == "upstream"
     assert "CA 1.36.1" in smoke["results"]["environment"]["servers"]["upstream"]
