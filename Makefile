@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install native-test protos protos-check run build test unit integration conformance e2e kube lint typecheck bench soak clean image deploy-check
+.PHONY: install native-test protos protos-check run build test unit integration conformance e2e kube lint typecheck bench bench-ca soak clean image deploy-check
 
 # Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
 # prints (a folder named like the package may shadow it) is filtered out; errors still show.
@@ -87,8 +87,9 @@ conformance: build
 
 # End-to-end: the real cluster-autoscaler 1.36.1 with etcd, kube-apiserver and kube-scheduler against
 # our server and the simulated clouds, every scenario (tests/e2e/README.md). make test runs the smoke.
+# (bench: the upstream example server, which the smoke of make bench-ca runs against the real CA too.)
 E2E_STEADY_SECONDS ?= 180
-e2e: GO_BUILD_GROUPS = e2e
+e2e: GO_BUILD_GROUPS = e2e bench
 e2e: build
 	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS)
 
@@ -109,9 +110,17 @@ test: build native-test
 	$(PY) -m pytest -q tests
 	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration
 
+# The replay of the CA's calls (Go load client) against our server and the upstream example, at
+# 1,000 to 20,000 nodes (tests/bench/README.md).
 bench: GO_BUILD_GROUPS = bench
 bench: build
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
+
+# The real cluster-autoscaler in the e2e control plane, talking to our server, then to the upstream
+# example, at 1,000 and 5,000 nodes (tests/bench/README.md); tcpdump times the provider calls.
+bench-ca: GO_BUILD_GROUPS = e2e bench
+bench-ca: build
+	$(PY) -m tests.bench.ca_run $(BENCH_CA_ARGS)
 
 soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
