@@ -359,17 +359,27 @@ class Backend:
     def _build_snapshot(self, listing: CloudListing, started: float) -> Snapshot:
         # Wall-clock time of the read, for humans (status command, CA logs of NodeGroup.debug).
         synced = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        previous = self._snapshot
         groups: dict[str, GroupState] = {}
-        by_pid: dict[str, str] = {}
-        instances: dict[str, Instance] = {}
+        unchanged = previous.version > 0 and len(listing.groups) == len(previous.groups)
         for group in listing.groups:
-            group = replace(group, debug=f"backend={self.name} synced={synced} {group.debug}".strip())
-            groups[group.id] = group
-            for inst in group.instances:
-                if inst.id:
-                    by_pid[inst.id] = group.id
-                    instances[inst.id] = inst
-        return Snapshot(groups, by_pid, started, self._clock(), self._snapshot.version + 1, instances)
+            before = previous.groups.get(group.id)
+            kept = _kept_instances(group.instances, before.instances if before else (), previous.instances_by_id)
+            unchanged = unchanged and before is not None and kept is before.instances
+            groups[group.id] = replace(
+                group, instances=kept, debug=f"backend={self.name} synced={synced} {group.debug}".strip()
+            )
+        if unchanged:
+            # Every group holds the very machines it held: the lookups of the last snapshot stand.
+            by_pid, instances = previous.by_provider_id, previous.instances_by_id
+        else:
+            by_pid, instances = {}, {}
+            for group in groups.values():
+                for inst in group.instances:
+                    if inst.id:
+                        by_pid[inst.id] = group.id
+                        instances[inst.id] = inst
+        return Snapshot(groups, by_pid, started, self._clock(), previous.version + 1, instances)
 
     def _notify(self) -> None:
         for listener in self.listeners:
@@ -421,11 +431,6 @@ class Backend:
             replace(inst, state=InstanceState.DELETING, error=None) if inst.id in deleting else inst
             for inst in group.instances
         )
-
-    def view_key(self, group_id: str) -> tuple[int, float]:
-        """Changes whenever ``instances``/``target_size`` of the group may change."""
-        book = self._books.get(group_id)
-        return (self._snapshot.version, book.changed_at if book is not None else 0.0)
 
     def observe_node(self, group_id: str, labels: Mapping[str, str]) -> bool:
         """Remember the labels a real node of the group carries (templates for scale-from-zero).
@@ -948,6 +953,22 @@ class Backend:
             for inst in unknown
             if (seen := snapshot.instances_by_id.get(inst.id)) is not None and seen.state != InstanceState.DELETING
         ]
+
+
+def _kept_instances(
+    listed: tuple[Instance, ...], before: tuple[Instance, ...], known: Mapping[str, Instance]
+) -> tuple[Instance, ...]:
+    """``listed`` made of the previous snapshot's objects wherever a machine is unchanged, and the previous
+    tuple itself when the group holds exactly what it held.
+
+    A listing of a steady cluster then allocates nothing that outlives it: a 20,000-node snapshot is
+    about 11 MiB of instances and strings, which the old and the new snapshot would otherwise each hold
+    while they overlap, and which Python's allocator rarely gives back to the system afterwards.
+    """
+    kept = tuple(old if (old := known.get(inst.id)) is not None and old == inst else inst for inst in listed)
+    if len(kept) == len(before) and all(a is b for a, b in zip(kept, before, strict=True)):
+        return before
+    return kept
 
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"

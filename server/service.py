@@ -168,7 +168,7 @@ class CloudProviderService:
         # Told of every mutating call's outcome after it is decided; each must return at once (no I/O).
         self.scale_observers: list[Callable[[ScaleAction], None]] = []
         self._group_msgs: dict[str, tuple[object, pb.NodeGroupForNodeResponse]] = {}
-        self._nodes_msgs: dict[str, tuple[object, pb.NodeGroupNodesResponse]] = {}
+        self._nodes_msgs: dict[str, tuple[tuple[Instance, ...], pb.NodeGroupNodesResponse]] = {}
         self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
         self._observed: dict[str, int] = {}
         # Leader election: raises NotLeader (UNAVAILABLE) for a mutating RPC on a replica that may not write.
@@ -222,12 +222,12 @@ class CloudProviderService:
         return pb.NodeGroupTargetSizeResponse(targetSize=self._backend(gid).target_size(gid))
 
     def nodes_response(self, gid: str) -> pb.NodeGroupNodesResponse:
-        backend = self._backend(gid)
-        key = backend.view_key(gid)
+        # Keyed by the instances themselves: a listing that finds the group unchanged keeps its tuple
+        # (providers/backend.py), so the message is built again only when a machine changed.
+        instances = self._backend(gid).instances(gid)
         cached = self._nodes_msgs.get(gid)
-        if cached is None or cached[0] != key:
-            response = pb.NodeGroupNodesResponse(instances=[_instance_pb(i) for i in backend.instances(gid)])
-            cached = (key, response)
+        if cached is None or cached[0] is not instances:
+            cached = (instances, pb.NodeGroupNodesResponse(instances=[_instance_pb(i) for i in instances]))
             self._nodes_msgs[gid] = cached
         return cached[1]
 
