@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from providers.errors import DomainError
@@ -87,6 +88,7 @@ class NativeFront:
         self._front.set_reflection(reflection.services, reflection.files, reflection.symbols)
         self._lock = threading.Lock()  # one publication at a time: a slower, older one never lands last
         self._service: CloudProviderService | None = None
+        self._lookups: NodeLookups | None = None  # what the last published for_node table was built from
 
     @property
     def port(self) -> int:
@@ -124,11 +126,12 @@ class NativeFront:
             return
         with self._lock:
             try:
-                tables = build_tables(service)
+                tables, lookups = build_tables(service, self._lookups)
             except Exception:  # a failed publication leaves the last one; Python still answers the rest
                 log.exception("building the native engine's answers failed")
                 return
             self._front.publish(**tables)
+            self._lookups = lookups
 
     def native_calls(self) -> NativeCalls:
         calls: NativeCalls = self._front.native_calls()
@@ -144,14 +147,34 @@ def _fits(message: Any) -> bytes | None:
     return data if len(data) <= MAX_ANSWER_BYTES else None
 
 
-def build_tables(service: CloudProviderService) -> dict[str, Any]:
-    """The hot answers of ``service`` as it would give them now, keyed as the front looks them up.
+@dataclass(frozen=True)
+class NodeLookups:
+    """What a NodeGroupForNode table is made of: each backend's node -> group mapping and the groups'
+    order. Snapshots of a cluster whose machines did not change share their mapping (providers/backend.py),
+    so the same objects in the same order mean the same table."""
+
+    mappings: tuple[Mapping[str, str], ...]
+    groups: tuple[str, ...]
+
+    def same_as(self, other: NodeLookups | None) -> bool:
+        return (
+            other is not None
+            and self.groups == other.groups
+            and len(self.mappings) == len(other.mappings)
+            and all(a is b for a, b in zip(self.mappings, other.mappings, strict=True))
+        )
+
+
+def build_tables(service: CloudProviderService, last: NodeLookups | None = None) -> tuple[dict[str, Any], NodeLookups]:
+    """The hot answers of ``service`` as it would give them now, keyed as the front looks them up, and what
+    the node lookups were built from. ``for_node`` is None when they are built from ``last`` (the front then
+    keeps the table it has: a 20,000-node table is neither built again nor held twice).
 
     Only answers the servicer gives with status OK are published; every error is Python's to give.
     """
     registry = service.registry
     groups: list[tuple[str, bytes]] = []
-    for_node: dict[str, int] = {}
+    mappings: list[tuple[Mapping[str, str], dict[str, int]]] = []
     observed: list[str] = []
     target_size: dict[str, bytes] = {}
     options: dict[str, bytes] = {}
@@ -165,8 +188,7 @@ def build_tables(service: CloudProviderService) -> dict[str, Any]:
             groups.append((gid, service.for_node_response(backend, gid).SerializeToString()))
             if service.labels_recorded(gid, snapshot.version):
                 observed.append(gid)
-        for provider_id, gid in snapshot.by_provider_id.items():
-            for_node.setdefault(provider_id, index_of[gid])  # the first backend that knows it, as Registry
+        mappings.append((snapshot.by_provider_id, index_of))
         for gid in snapshot.groups:
             if gid in target_size or registry.backend_for_group(gid) is not backend:
                 continue
@@ -187,7 +209,14 @@ def build_tables(service: CloudProviderService) -> dict[str, Any]:
                 options_by_defaults.append(gid)
             if instances is not None:
                 nodes[gid] = instances
-    return {
+    lookups = NodeLookups(tuple(m for m, _ in mappings), tuple(gid for gid, _ in groups))
+    for_node: dict[str, int] | None = None
+    if not lookups.same_as(last):
+        for_node = {}
+        for by_provider_id, index_of in mappings:
+            for provider_id, gid in by_provider_id.items():
+                for_node.setdefault(provider_id, index_of[gid])  # the first backend that knows it, as Registry
+    tables = {
         "node_groups": service.node_groups_response().SerializeToString(),
         "unmanaged": UNMANAGED_ANSWER.SerializeToString(),
         "groups": groups,
@@ -198,3 +227,4 @@ def build_tables(service: CloudProviderService) -> dict[str, Any]:
         "options_by_defaults": options_by_defaults,
         "nodes": nodes,
     }
+    return tables, lookups

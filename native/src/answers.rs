@@ -26,8 +26,9 @@ pub struct Tables {
     pub node_groups: Bytes,
     /// NodeGroupForNodeResponse for a node of no group.
     pub unmanaged: Bytes,
-    /// providerID (or node name) -> index into `groups`.
-    pub for_node: HashMap<String, usize>,
+    /// providerID (or node name) -> index into `groups`. Shared with the tables before when Python says
+    /// it did not change (a steady cluster: thousands of entries not built and held twice).
+    pub for_node: Arc<HashMap<String, usize>>,
     /// Per group: its id and its NodeGroupForNodeResponse.
     pub groups: Vec<(String, Bytes)>,
     /// Group id -> whether Python has recorded a node's labels for it in the current snapshot (calls
@@ -232,7 +233,7 @@ mod tests {
             ..Tables::default()
         };
         t.groups.push(("pool-a".into(), Bytes::from_static(b"is pool-a")));
-        t.for_node.insert("scw://1".into(), 0);
+        t.for_node = Arc::new(HashMap::from([("scw://1".into(), 0)]));
         t.observed.insert("pool-a".into(), AtomicBool::new(false));
         t.target_size.insert("pool-a".into(), Bytes::from_static(b"size 3"));
         t

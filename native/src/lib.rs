@@ -220,19 +220,32 @@ impl Front {
         node_groups: Vec<u8>,
         unmanaged: Vec<u8>,
         groups: Vec<(String, Vec<u8>)>,
-        for_node: HashMap<String, usize>,
+        for_node: Option<HashMap<String, usize>>,
         observed: Vec<String>,
         target_size: HashMap<String, Vec<u8>>,
         options: HashMap<String, Vec<u8>>,
         options_by_defaults: Vec<String>,
         nodes: HashMap<String, Vec<u8>>,
     ) -> PyResult<()> {
-        if let Some(bad) = for_node.values().find(|&&i| i >= groups.len()) {
-            return Err(PyValueError::new_err(format!(
-                "for_node names group index {bad} of {}",
-                groups.len()
-            )));
-        }
+        let for_node = match for_node {
+            Some(for_node) => {
+                if let Some(bad) = for_node.values().find(|&&i| i >= groups.len()) {
+                    return Err(PyValueError::new_err(format!(
+                        "for_node names group index {bad} of {}",
+                        groups.len()
+                    )));
+                }
+                Arc::new(for_node)
+            }
+            // None: the same as in the tables published last, which had the same groups in the same order.
+            None => self
+                .shared
+                .published
+                .current()
+                .filter(|last| last.groups.len() == groups.len())
+                .map(|last| last.for_node.clone())
+                .ok_or_else(|| PyValueError::new_err("for_node=None needs a last publication with as many groups"))?,
+        };
         let observed_now: std::collections::HashSet<String> = observed.into_iter().collect();
         let bytes = |map: HashMap<String, Vec<u8>>| map.into_iter().map(|(k, v)| (k, Bytes::from(v))).collect();
         let tables = Tables {

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from devstack.clouds import scaleway_backend
 from devstack.harness import ServerProcess, Stack, client_credentials, open_channel, running_stack, server_config
 from protos import externalgrpc_pb2 as pb
-from server.native_front import NativeFront
+from server.native_front import NativeFront, build_tables
 from server.rpc import Code, NativeCallContext
 from server.service import SERVICE_NAME
 from simulators.common import ManualClock
@@ -312,3 +312,29 @@ def test_sigterm_received_by_a_front_thread_still_drains_the_server(tmp_path: Pa
             assert "signal received; draining" in server.output
         finally:
             server.stop(signal.SIGKILL)
+
+
+def test_a_listing_that_changes_no_machine_keeps_the_node_lookups_a_new_machine_rebuilds_them(
+    stack: Stack,
+) -> None:
+    assert stack.scaleway is not None
+    service = stack.server.service
+    _, published = build_tables(service)
+    stack.sync()  # the same machines: the same lookups, not built again
+    tables, lookups = build_tables(service, published)
+    assert lookups.same_as(published) and tables["for_node"] is None
+    known = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL))[0]
+    request = pb.NodeGroupForNodeRequest(node=node(known)).SerializeToString()
+    assert raw_call(stack.channel, "NodeGroupForNode", request) == python_answer(stack, "NodeGroupForNode", request)[2]
+
+    stack.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=GENERAL, delta=1), timeout=10)
+    stack.advance(1)  # the new machine is listed (with its providerID from its creation on)
+    tables, lookups = build_tables(service, published)
+    assert not lookups.same_as(published) and tables["for_node"] is not None
+    new = set(n.provider_id for n in stack.scaleway.nodes_of(GENERAL)) - {known}
+    before = native_counts(stack).get("NodeGroupForNode", 0)
+    for provider_id in new:
+        request = pb.NodeGroupForNodeRequest(node=node(provider_id)).SerializeToString()
+        answer = pb.NodeGroupForNodeResponse.FromString(raw_call(stack.channel, "NodeGroupForNode", request))
+        assert answer.nodeGroup.id == GENERAL, provider_id
+    assert native_counts(stack)["NodeGroupForNode"] == before + len(new), "answered from the rebuilt table"
