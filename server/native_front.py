@@ -69,7 +69,9 @@ class NativeFront:
         reflection: ReflectionData,
         tls: tuple[bytes, bytes, bytes | None] | None,
         python_threads: int,
-        threads: int = 2,
+        # One network thread: the CA's calls come one at a time on one connection, and a second thread
+        # only added wake-ups of its own to each call (docs/performance.md, "One write per call").
+        threads: int = 1,
     ) -> None:
         extension = load_extension()
         cert, key, client_ca = tls if tls is not None else (None, None, None)

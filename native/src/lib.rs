@@ -39,6 +39,7 @@
 //! `set_reflection(services, files, symbols)`; `submit(callable)`; `native_calls()`; `stop(grace)`.
 
 pub mod answers;
+pub mod coalesce;
 pub mod grpc;
 pub mod health;
 pub mod reflection;

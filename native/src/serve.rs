@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::answers::{decide, CallMetrics, Decision, Published, HEALTH_CHECK, METHODS, SERVICE};
+use crate::coalesce::{Coalescing, InlineFirst};
 use crate::grpc::{self, answer, answer_or_status, read_unary, trailers_only, ResponseBody, Status};
 use crate::health::{self, Health};
 use crate::reflection::{self, Reflection};
@@ -295,16 +296,16 @@ pub async fn serve(
                 let peer: Arc<str> = peer_name(address).into();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| handle(shared.clone(), peer.clone(), req));
-                    let builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                    let builder = hyper::server::conn::http2::Builder::new(InlineFirst);
                     match tls {
                         None => {
-                            let connection = builder.serve_connection(TokioIo::new(stream), service);
+                            let connection = builder.serve_connection(TokioIo::new(Coalescing::new(stream)), service);
                             let _ = watcher.watch(connection).await;
                         }
                         Some(acceptor) => {
                             // A failed handshake (no client certificate, untrusted one...) ends that connection only.
                             let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await else { return };
-                            let connection = builder.serve_connection(TokioIo::new(stream), service);
+                            let connection = builder.serve_connection(TokioIo::new(Coalescing::new(stream)), service);
                             let _ = watcher.watch(connection).await;
                         }
                     }
