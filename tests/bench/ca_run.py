@@ -34,7 +34,15 @@ import kubernetes
 from tests.bench import golang, report
 from tests.bench.ca_sampler import CaSampler, Loop, Sampling
 from tests.bench.cluster import BenchCluster, start_cluster
-from tests.bench.servers import OURS_VARIANTS, BenchedServer, ServerStartError, start_ours, start_upstream
+from tests.bench.servers import (
+    OURS_VARIANTS,
+    BenchedServer,
+    ServerStartError,
+    checkout_option,
+    describe_checkout,
+    start_ours,
+    start_upstream,
+)
 from tests.bench.wire import CaptureUnavailable, Exchange, WireCapture, wait_in
 from tests.bench.workload import NodeSlot, Placement, place
 from tests.e2e.autoscaler import Autoscaler, write_cloud_config
@@ -71,10 +79,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scan-interval", default="10s", help="the CA's --scan-interval (its default: 10s)")
     parser.add_argument("--agent-interval", type=float, default=30.0, help="seconds between node-agent passes")
     parser.add_argument("--servers", nargs="+", choices=SERVER_NAMES, default=["ours", "upstream"])
+    parser.add_argument(
+        "--ours-from",
+        type=checkout_option,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also run the server of another checkout (its make install done) as NAME, e.g. main=../main",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for results and logs")
     parser.add_argument("--log-level", default="info", help="our server's log level (deployments run info)")
     parser.add_argument("--no-wire", action="store_true", help="do not capture the provider calls with tcpdump")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.checkouts = dict(args.ours_from)
+    return args
 
 
 def _seconds(text: str) -> float:
@@ -150,6 +168,8 @@ def _start_server(name: str, size: Size, upstream: Path | None, workdir: Path) -
     if name == "upstream":
         assert upstream is not None
         return start_upstream(size.cluster, upstream, workdir)
+    if name in size.args.checkouts:
+        return start_ours(size.cluster, workdir, size.args.log_level, name, checkout=size.args.checkouts[name])
     return start_ours(size.cluster, workdir, size.args.log_level, name, OURS_VARIANTS[name])
 
 
@@ -339,7 +359,7 @@ def run_size(
 ) -> dict[str, Any]:
     workdir = args.out / f"nodes_{nodes}"
     workdir.mkdir(parents=True, exist_ok=True)
-    names = [n for n in SERVER_NAMES if n in args.servers]
+    names = [n for n in (*OURS_VARIANTS, *args.checkouts, "upstream") if n in args.servers or n in args.checkouts]
     size = Size(nodes, args, programs, workdir)
     try:
         size.start()
@@ -421,6 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_average_at_start": os.getloadavg(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "upstream": pin.describe() if pin else None,
+            "checkouts": {name: describe_checkout(path) for name, path in args.checkouts.items()},
             "ca_flags": CA_FLAGS,
         }
     }

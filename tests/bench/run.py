@@ -38,6 +38,8 @@ from tests.bench.servers import (
     OURS_VARIANTS,
     BenchedServer,
     ServerStartError,
+    checkout_option,
+    describe_checkout,
     start_floor,
     start_native_floor,
     start_ours,
@@ -93,6 +95,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["ours", "upstream"],
         help="servers to run: our server with its default settings, its serving variants, the upstream example",
     )
+    parser.add_argument(
+        "--ours-from",
+        type=checkout_option,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also run the server of another checkout (its make install done) as NAME, e.g. main=../main",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for results and server logs")
     parser.add_argument("--log-level", default="info", help="our server's log level (deployments run info)")
     parser.add_argument(
@@ -101,6 +111,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run our server under py-spy (must be on PATH) and write a speedscope profile per size",
     )
     args = parser.parse_args(argv)
+    args.checkouts = dict(args.ours_from)
     if args.sizes is not None and args.nodes is not None:
         parser.error("give --sizes or --nodes (with --pools), not both")
     if args.nodes is not None:
@@ -191,8 +202,8 @@ def run_size(
     workdir.mkdir(parents=True, exist_ok=True)
     loops = loops_for(args, nodes)
     # A fixed order within each round (ours first); the alternation spreads drift over all servers.
-    known = (*OURS_VARIANTS, *FLOOR_VARIANTS, "native-floor", "upstream")
-    names = [n for n in known if n in args.servers and (n != "upstream" or upstream)]
+    known = (*OURS_VARIANTS, *args.checkouts, *FLOOR_VARIANTS, "native-floor", "upstream")
+    names = [n for n in known if (n in args.servers or n in args.checkouts) and (n != "upstream" or upstream)]
     clusters = _start_clusters(names, groups, nodes)
     servers: dict[str, BenchedServer] = {}
     profiler: subprocess.Popen[bytes] | None = None
@@ -209,6 +220,8 @@ def run_size(
                 servers[name] = start_floor(clusters[name], workdir, name)
             elif name == "native-floor":
                 servers[name] = start_native_floor(clusters[name], workdir)
+            elif name in args.checkouts:
+                servers[name] = start_ours(clusters[name], workdir, args.log_level, name, checkout=args.checkouts[name])
             else:
                 servers[name] = start_ours(clusters[name], workdir, args.log_level, name, OURS_VARIANTS[name])
         if args.profile and "ours" in servers:
@@ -278,9 +291,13 @@ def _environment(notes: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _notes(wanted: Sequence[str], pin: golang.UpstreamPin | None) -> dict[str, str]:
+def _notes(
+    wanted: Sequence[str], pin: golang.UpstreamPin | None, checkouts: dict[str, Path] | None = None
+) -> dict[str, str]:
     """What each server is, for the results."""
     notes: dict[str, str] = {}
+    for name, path in (checkouts or {}).items():
+        notes[name] = describe_checkout(path)
     for name in wanted:
         if name == "upstream":
             assert pin is not None
@@ -306,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except golang.GoBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    results: dict[str, Any] = {"environment": _environment(_notes(args.servers, pin))}
+    results: dict[str, Any] = {"environment": _environment(_notes(args.servers, pin, args.checkouts))}
     failed = False
     for nodes, groups in args.sizes:
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -13,8 +13,10 @@ Start-up is timed differently, because the upstream example has no health servic
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -42,6 +44,26 @@ OURS_VARIANTS: dict[str, dict[str, Any]] = {
     "ours-grpcio": {"serving": {"engine": "grpcio"}},
     "ours-native": {"serving": {"engine": "native"}},
 }
+
+
+def checkout_option(text: str) -> tuple[str, Path]:
+    """``NAME=PATH`` of ``--ours-from``: another checkout of this repository, benchmarked as NAME."""
+    name, _, path = text.partition("=")
+    if not name or not path or name in (*OURS_VARIANTS, "upstream"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give NAME=PATH, a new name and a checkout whose make install has run, e.g. main=../main"
+        )
+    return name, Path(path).resolve()
+
+
+def describe_checkout(checkout: Path) -> str:
+    """What ``--ours-from`` ran, for the results: the checkout and its commit."""
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+    )
+    return f"ca-externalgrpc serve of the checkout {checkout} ({done.stdout.strip() or 'not a git checkout'})"
+
+
 # The grpcio floor of the serving spike (floor_server.py): the name in the results -> its engine.
 FLOOR_VARIANTS: dict[str, list[str]] = {
     "floor-threads": ["--engine", "threads"],
@@ -83,19 +105,26 @@ def start_ours(
     log_level: str = "info",
     name: str = "ours",
     settings: Mapping[str, Any] | None = None,
+    checkout: Path | None = None,
 ) -> BenchedServer:
     """``ca-externalgrpc serve`` (the installed console script) on loopback port 0.
 
-    ``settings`` are config keys added to the config file (a variant of ``OURS_VARIANTS``).
+    ``settings`` are config keys added to the config file (a variant of ``OURS_VARIANTS``). ``checkout``
+    runs another checkout of this repository instead (its ``.venv``, set up by its ``make install``),
+    to compare two versions in one run.
     """
     top = dict(settings or {})
     backend = scaleway_backend(cluster.simulator, "scw-bench", **top.pop("backend", {}))
     config = server_config([backend], log={"format": "json", "level": log_level}, **top)
+    command = OURS_COMMAND if checkout is None else checkout / ".venv" / "bin" / "ca-externalgrpc"
+    if not command.is_file():
+        raise ServerStartError(f"{command} does not exist: run make install in {checkout}")
     process = ServerProcess(
         config,
+        env=None if checkout is None else {"PYTHONPATH": str(checkout)},
         workdir=workdir,
         log_level=log_level,
-        command=[str(OURS_COMMAND)],
+        command=[str(command)],
         log_path=workdir / f"{name}.log",
         name=name,
         start_timeout=START_TIMEOUT,

@@ -153,3 +153,11 @@ def test_sizes_are_nodes_and_groups_and_large_clusters_run_fewer_loops() -> None
     assert run.loops_for(run.parse_args(["--loops", "3"]), 20000) == 3
     with pytest.raises(SystemExit):
         run.parse_args(["--sizes", "1000"])
+
+
+def test_another_checkout_is_named_and_must_not_shadow_a_server(tmp_path) -> None:
+    args = run.parse_args(["--ours-from", f"main={tmp_path}"])
+    assert args.checkouts == {"main": tmp_path.resolve()}
+    for bad in ("main", f"ours={tmp_path}", f"upstream={tmp_path}", f"={tmp_path}"):
+        with pytest.raises(SystemExit):
+            run.parse_args(["--ours-from", bad])
