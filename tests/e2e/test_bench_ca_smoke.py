@@ -23,7 +23,8 @@ WIRE = shutil.which("tcpdump") is not None
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out: Path = tmp_path_factory.mktemp("bench-ca")
     argv = ["--nodes", str(NODES), "--pools", str(POOLS), "--loops", str(LOOPS), "--warmup", "1", "--rounds", "1"]
-    argv += ["--scan-interval", "2s", "--agent-interval", "5", "--out", str(out), "--log-level", "warning"]
+    argv += ["--scan-interval", "2s", "--agent-interval", "5", "--settle", "0"]  # a smoke: no template delay
+    argv += ["--out", str(out), "--log-level", "warning"]
     status = ca_run.main([*argv, *([] if WIRE else ["--no-wire"])])
     results = json.loads((out / "bench-ca-results.json").read_text())
     return {"status": status, "size": results[f"nodes_{NODES}"]}
