@@ -11,7 +11,8 @@ front
   code and publishes after every sync attempt and every mutating call, so the bytes are the servicer's.
   GetOptions of a group with per-group options depends on the defaults the caller sends: the front
   hands the first such call to Python and then gives Python's answer to every call with the same
-  defaults;
+  defaults. TemplateNodeInfo likewise: the first call per group after a publication is Python's, the
+  next ones get its answer, until the group's template may have changed (labels recorded);
 * hands every other CloudProvider call to Python: the request bytes go to ``Dispatcher.call``
   (server/rpc.py) on the front's pool of blocking threads, the same code path as on the grpcio engine:
   errors (empty id, unknown group, undecodable bytes), Refresh, mutations, templates, pricing, with
@@ -116,7 +117,29 @@ class NativeFront:
         service.after_mutation = self.publish
         service.on_labels_recorded = self._front.mark_observed
         service.on_options_answered = self._front.learn_options
+        service.on_template_answered = self._learn_template
+        service.on_template_changed = self._forget_template
         self.publish()
+
+    def _learn_template(self, gid: str, key: object, answer: Any) -> None:
+        """Python answered TemplateNodeInfo of ``gid``: the front gives that answer until the next
+        publication, if the template is still the one it was built from (checked under the publication
+        lock, so a newer snapshot or newly recorded labels can never be overwritten by an older answer)."""
+        data = _fits(answer)
+        service = self._service
+        if data is None or service is None:
+            return
+        with self._lock:
+            try:
+                current = service.registry.backend_for_group(gid).template_key(gid)
+            except DomainError:
+                return  # the group left with a newer snapshot
+            if current == key:
+                self._front.learn_template(gid, data)
+
+    def _forget_template(self, gid: str) -> None:
+        with self._lock:
+            self._front.forget_template(gid)
 
     def on_sync(self, _backend: object) -> None:
         """Backend listener: a sync attempt may have swapped the snapshot, or a learned template changed."""

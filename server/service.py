@@ -180,6 +180,10 @@ class CloudProviderService:
         self.on_labels_recorded: Callable[[str], None] | None = None
         # (group, serialized defaults, serialized answer) of a GetOptions answer built from per-group options
         self.on_options_answered: Callable[[str, bytes, bytes], None] | None = None
+        # (group, template key, answer) of a TemplateNodeInfo answer; and a group whose template may have
+        # changed (a node's labels were recorded)
+        self.on_template_answered: Callable[[str, object, pb.NodeGroupTemplateNodeInfoResponse], None] | None = None
+        self.on_template_changed: Callable[[str], None] | None = None
 
     # --------------------------------------------------------------- helpers
     @staticmethod
@@ -284,7 +288,8 @@ class CloudProviderService:
             if self._observed.get(gid) != version:
                 # A real node of this group: remember its labels for scale-from-zero templates.
                 self._observed[gid] = version
-                backend.observe_node(gid, dict(node.labels))
+                if backend.observe_node(gid, dict(node.labels)) and self.on_template_changed is not None:
+                    self.on_template_changed(gid)
             if self.on_labels_recorded is not None:
                 self.on_labels_recorded(gid)
         return response
@@ -422,6 +427,8 @@ class CloudProviderService:
                     log.error("template cannot be encoded", extra={"node_group": gid, "error": str(err)})
             cached = (key, response)
             self._template_msgs[gid] = cached
+        if cached[1] is not None and self.on_template_answered is not None:
+            self.on_template_answered(gid, cached[0], cached[1])
         if cached[1] is None:
             # Never OK-with-empty bytes: that makes the CA dereference a nil NodeInfo and crash
             # (docs/protocol.md, "What crashes the CA or stops its loop").

@@ -10,12 +10,13 @@ use bytes::Bytes;
 use crate::wire;
 
 /// The methods the front may answer itself, in the order of their metric slots.
-pub const METHODS: [&str; 5] = [
+pub const METHODS: [&str; 6] = [
     "NodeGroups",
     "NodeGroupForNode",
     "NodeGroupTargetSize",
     "NodeGroupGetOptions",
     "NodeGroupNodes",
+    "NodeGroupTemplateNodeInfo",
 ];
 pub const SERVICE: &str = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider";
 
@@ -40,6 +41,9 @@ pub struct Tables {
     /// config): answered from what Python answered before for the same defaults bytes.
     pub options_by_defaults: HashSet<String>,
     pub nodes: HashMap<String, Bytes>,
+    /// Group id -> the TemplateNodeInfo answer Python gave for it since these tables were published
+    /// (learned, not published: a template is built only when asked); empty in every new generation.
+    pub templates: RwLock<HashMap<String, Bytes>>,
 }
 
 /// At most this many (group, defaults) answers are remembered: a CA sends the same defaults every
@@ -82,6 +86,26 @@ impl Published {
     fn learned_options(&self, group: &str, defaults: &[u8]) -> Option<Bytes> {
         let key = (group.to_string(), Bytes::copy_from_slice(defaults));
         self.learned_options.read().expect("options lock").get(&key).cloned()
+    }
+
+    /// Python answered TemplateNodeInfo of `group` with `answer` for the current tables.
+    pub fn learn_template(&self, group: &str, answer: Bytes) {
+        if let Some(tables) = self.current() {
+            if tables.observed.contains_key(group) {
+                tables
+                    .templates
+                    .write()
+                    .expect("templates lock")
+                    .insert(group.to_string(), answer);
+            }
+        }
+    }
+
+    /// The template of `group` changed (a node's labels were recorded): ask Python again.
+    pub fn forget_template(&self, group: &str) {
+        if let Some(tables) = self.current() {
+            tables.templates.write().expect("templates lock").remove(group);
+        }
     }
 
     pub fn mark_observed(&self, group: &str) {
@@ -148,21 +172,28 @@ pub fn decide(published: &Published, tables: &Tables, method: usize, message: &[
                 _ => lookup(&tables.options, id),
             }
         }
-        _ => lookup(&tables.nodes, wire::bytes_of(message, 1)),
+        4 => lookup(&tables.nodes, wire::bytes_of(message, 1)),
+        _ => {
+            let learned = std::str::from_utf8(wire::bytes_of(message, 1))
+                .ok()
+                .and_then(|gid| tables.templates.read().expect("templates lock").get(gid).cloned());
+            learned.map_or(Decision::Python, Decision::Answer)
+        }
     }
 }
 
 /// The natively answered methods counted in [`CallMetrics`], (service, method) per slot: the hot
 /// methods in the order of [`METHODS`], then health `Check`.
-pub const COUNTED: [(&str, &str); 6] = [
+pub const COUNTED: [(&str, &str); 7] = [
     (SERVICE, METHODS[0]),
     (SERVICE, METHODS[1]),
     (SERVICE, METHODS[2]),
     (SERVICE, METHODS[3]),
     (SERVICE, METHODS[4]),
+    (SERVICE, METHODS[5]),
     (crate::health::SERVICE, "Check"),
 ];
-pub const HEALTH_CHECK: usize = 5;
+pub const HEALTH_CHECK: usize = 6;
 
 /// Counts and a latency histogram per natively answered method (only answers with status OK are
 /// counted), read by Python's Prometheus collector at scrape time and added to the series of the calls
@@ -316,6 +347,31 @@ mod tests {
         );
         p.publish(tables()); // a snapshot without the group: Python says NOT_FOUND
         assert_eq!(decide(&p, &p.current().unwrap(), 3, &request), Decision::Python);
+    }
+
+    #[test]
+    fn templates_are_answered_once_python_answered_them_until_forgotten_or_republished() {
+        let p = Published::default();
+        p.publish(tables());
+        let request = string_field(1, b"pool-a");
+        let t = p.current().unwrap();
+        assert_eq!(decide(&p, &t, 5, &request), Decision::Python, "not learned yet");
+        p.learn_template("pool-a", Bytes::from_static(b"template"));
+        p.learn_template("pool-x", Bytes::from_static(b"no such group"));
+        assert_eq!(
+            decide(&p, &t, 5, &request),
+            Decision::Answer(Bytes::from_static(b"template"))
+        );
+        assert_eq!(decide(&p, &t, 5, &string_field(1, b"pool-x")), Decision::Python);
+        p.forget_template("pool-a");
+        assert_eq!(decide(&p, &t, 5, &request), Decision::Python, "forgotten");
+        p.learn_template("pool-a", Bytes::from_static(b"template"));
+        p.publish(tables());
+        assert_eq!(
+            decide(&p, &p.current().unwrap(), 5, &request),
+            Decision::Python,
+            "a new generation"
+        );
     }
 
     #[test]

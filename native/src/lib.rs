@@ -34,8 +34,9 @@
 //! * `threads`: the runtime's worker threads (the network and the native answers).
 //! * `python_threads`: at most this many `dispatch` (and `submit`) calls run at once.
 //!
-//! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`
-//! (the tables, see `answers.rs`); `set_health(service, status)`, `shutdown_health()`;
+//! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`,
+//! `learn_template(group, answer)`, `forget_template(group)` (the tables, see `answers.rs`);
+//! `set_health(service, status)`, `shutdown_health()`;
 //! `set_reflection(services, files, symbols)`; `submit(callable)`; `native_calls()`; `stop(grace)`.
 
 pub mod answers;
@@ -265,9 +266,21 @@ impl Front {
             options: bytes(options),
             options_by_defaults: options_by_defaults.into_iter().collect(),
             nodes: bytes(nodes),
+            templates: Default::default(),
         };
         self.shared.published.publish(tables);
         Ok(())
+    }
+
+    /// Python answered TemplateNodeInfo of `group` with `answer`: the front gives it until the next
+    /// publication or `forget_template(group)`.
+    fn learn_template(&self, group: &str, answer: Vec<u8>) {
+        self.shared.published.learn_template(group, Bytes::from(answer));
+    }
+
+    /// The template of `group` may have changed: the next TemplateNodeInfo goes to Python.
+    fn forget_template(&self, group: &str) {
+        self.shared.published.forget_template(group);
     }
 
     /// Python answered GetOptions for `group` with `answer` to a request whose defaults were `defaults`.

@@ -338,3 +338,27 @@ def test_a_listing_that_changes_no_machine_keeps_the_node_lookups_a_new_machine_
         answer = pb.NodeGroupForNodeResponse.FromString(raw_call(stack.channel, "NodeGroupForNode", request))
         assert answer.nodeGroup.id == GENERAL, provider_id
     assert native_counts(stack)["NodeGroupForNode"] == before + len(new), "answered from the rebuilt table"
+
+
+def test_templates_are_pythons_first_then_native_until_a_nodes_labels_change_them(stack: Stack) -> None:
+    request = pb.NodeGroupTemplateNodeInfoRequest(id=GENERAL).SerializeToString()
+
+    def answered_natively() -> tuple[int, bytes]:
+        before = native_counts(stack).get("NodeGroupTemplateNodeInfo", 0)
+        answer = raw_call(stack.channel, "NodeGroupTemplateNodeInfo", request)
+        assert answer == python_answer(stack, "NodeGroupTemplateNodeInfo", request)[2]
+        return native_counts(stack).get("NodeGroupTemplateNodeInfo", 0) - before, answer
+
+    assert answered_natively()[0] == 0, "the first call after a publication is Python's"
+    count, first = answered_natively()
+    assert count == 1, "then the front gives Python's answer"
+    # A real node of the group with a label of its own: the group's template now carries it.
+    assert stack.scaleway is not None
+    member = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL))[0]
+    labelled = pb.NodeGroupForNodeRequest(node=node(member, {"team": "checkout"})).SerializeToString()
+    raw_call(stack.channel, "NodeGroupForNode", labelled)
+    count, changed = answered_natively()
+    assert count == 0 and changed != first, "forgotten: Python builds the new template"
+    assert answered_natively() == (1, changed)
+    stack.sync()  # a new publication: Python's again, once
+    assert answered_natively()[0] == 0
