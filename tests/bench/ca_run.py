@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,11 +38,12 @@ from server.service import SERVICE_NAME
 from tests.bench import golang, report
 from tests.bench.ca_sampler import CaSampler, Loop, Sampling
 from tests.bench.cluster import BenchCluster, start_cluster
+from tests.bench.report import fmt
 from tests.bench.servers import (
     OURS_VARIANTS,
     BenchedServer,
     ServerStartError,
-    checkout_option,
+    add_ours_options,
     describe_checkout,
     start_ours,
     start_upstream,
@@ -90,16 +92,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="seconds every Node is Ready before the first CA starts (the CA's template delay is 60 s)",
     )
     parser.add_argument("--servers", nargs="+", choices=SERVER_NAMES, default=["ours", "upstream"])
-    parser.add_argument(
-        "--ours-from",
-        type=checkout_option,
-        action="append",
-        default=[],
-        metavar="NAME=PATH",
-        help="also run the server of another checkout (its make install done) as NAME, e.g. main=../main",
-    )
+    add_ours_options(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for results and logs")
-    parser.add_argument("--log-level", default="info", help="our server's log level (deployments run info)")
     parser.add_argument("--no-wire", action="store_true", help="do not capture the provider calls with tcpdump")
     args = parser.parse_args(argv)
     args.checkouts = dict(args.ours_from)
@@ -397,7 +391,8 @@ def run_size(
     nodes: int, args: argparse.Namespace, programs: AutoscalerPrograms, upstream: Path | None
 ) -> dict[str, Any]:
     workdir = args.out / f"nodes_{nodes}"
-    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(workdir, ignore_errors=True)  # etcd's data of an earlier run would be reused
+    workdir.mkdir(parents=True)
     names = [n for n in (*OURS_VARIANTS, *args.checkouts, "upstream") if n in args.servers or n in args.checkouts]
     size = Size(nodes, args, programs, workdir)
     try:
@@ -426,12 +421,6 @@ def run_size(
         size.stop()
 
 
-def _fmt(value: float | None, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:,.{digits}f}"
-
-
 def table(results: dict[str, Any]) -> str:
     header = (
         "| nodes | server | main loop median / p90 s | ÷ upstream | cloudProviderRefresh median / p90 s "
@@ -446,16 +435,16 @@ def table(results: dict[str, Any]) -> str:
             ratio = size["ratios"].get(name)
             share = 100 * s.get("provider_wait_share_median", math.nan)
             rows.append(
-                f"| {size['nodes']:,} | {name} | {_fmt(s['main_median_s'])} / {_fmt(s['main_p90_s'])} "
-                f"| {_fmt(ratio['main_median_s']) if ratio else 'baseline'} "
-                f"| {_fmt(s['refresh_median_s'], 3)} / {_fmt(s['refresh_p90_s'], 3)} "
-                f"| {_fmt(s.get('provider_wait_median_s'))} s ({_fmt(share, 0)} %) "
-                f"| {_fmt(s.get('provider_calls_per_loop_median'), 0)} "
-                f"| {_fmt(s['server_cpu_per_loop_s'], 3)} "
-                f"| {_fmt(ratio['server_cpu_per_loop_s']) if ratio else 'baseline'} "
-                f"| {_fmt(s['idle_millicores'], 1)} | {_fmt(s['peak_rss_mib'], 1)} "
-                f"| {_fmt(s['cloud_requests_per_minute'], 1)} | {_fmt(s['ca_cpu_per_loop_s'])} "
-                f"| {_fmt(s['load_average_1m_mean'], 1)} / {_fmt(s['load_average_1m_max'], 1)} |"
+                f"| {size['nodes']:,} | {name} | {fmt(s['main_median_s'], 2)} / {fmt(s['main_p90_s'], 2)} "
+                f"| {fmt(ratio['main_median_s'], 2) if ratio else 'baseline'} "
+                f"| {fmt(s['refresh_median_s'], 3)} / {fmt(s['refresh_p90_s'], 3)} "
+                f"| {fmt(s.get('provider_wait_median_s'), 2)} s ({fmt(share, 0)} %) "
+                f"| {fmt(s.get('provider_calls_per_loop_median'), 0)} "
+                f"| {fmt(s['server_cpu_per_loop_s'], 3)} "
+                f"| {fmt(ratio['server_cpu_per_loop_s'], 2) if ratio else 'baseline'} "
+                f"| {fmt(s['idle_millicores'], 1)} | {fmt(s['peak_rss_mib'], 1)} "
+                f"| {fmt(s['cloud_requests_per_minute'], 1)} | {fmt(s['ca_cpu_per_loop_s'], 2)} "
+                f"| {fmt(s['load_average_1m_mean'], 1)} / {fmt(s['load_average_1m_max'], 1)} |"
             )
     return "\n".join(rows)
 

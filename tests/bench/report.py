@@ -210,8 +210,9 @@ def compare(servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _fmt(value: float, digits: int = 1) -> str:
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+def fmt(value: float | None, digits: int = 1) -> str:
+    """A figure for a table: thousands separated, ``-`` for one that does not exist."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     return f"{value:,.{digits}f}"
 
@@ -231,19 +232,19 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
         for name, s in size["servers"].items():
             ratio = ratios.get(name, {})
             ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
-            start = _fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
+            start = fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
             rows.append(
-                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {_fmt(s['loop_median_ms'])} "
-                f"| {_fmt(s['loop_p95_ms'])} "
-                f"| {_fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
-                f"| {_fmt(ngfn['p50_us'], 0)} / {_fmt(ngfn['p99_us'], 0)} "
-                f"| {_fmt(opts['p50_us'], 0)} / {_fmt(opts['p99_us'], 0)} "
-                f"| {_fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
-                f"| {_fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
-                f"| {_fmt(s['cloud_requests_per_minute'], 1)} / "
-                f"{_fmt(s['freshness']['requests_per_minute_steady'], 1)} "
-                f"| {_fmt(s['freshness']['max_answer_age_s'], 1)} "
-                f"| {_fmt(s['peak_rss_mib'])} | {start} |"
+                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['loop_median_ms'])} "
+                f"| {fmt(s['loop_p95_ms'])} "
+                f"| {fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
+                f"| {fmt(ngfn['p50_us'], 0)} / {fmt(ngfn['p99_us'], 0)} "
+                f"| {fmt(opts['p50_us'], 0)} / {fmt(opts['p99_us'], 0)} "
+                f"| {fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
+                f"| {fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
+                f"| {fmt(s['cloud_requests_per_minute'], 1)} / "
+                f"{fmt(s['freshness']['requests_per_minute_steady'], 1)} "
+                f"| {fmt(s['freshness']['max_answer_age_s'], 1)} "
+                f"| {fmt(s['peak_rss_mib'])} | {start} |"
             )
     rows.append("")
     rows.append(
@@ -290,10 +291,10 @@ def curves(results: Mapping[str, Mapping[str, Any]]) -> str:
                 for name, s in point["servers"].items():
                     per_call = s["loop_median_ms"] / s["calls_per_loop"] * 1000 if s["calls_per_loop"] else math.nan
                     out.append(
-                        f"| {point[axis]:,} | {name} | {_fmt(s['loop_median_ms'])} | {_fmt(per_call, 0)} "
-                        f"| {_fmt(s.get('cpu_per_loop_s', math.nan), 3)} | {_fmt(s['peak_rss_mib'])} "
-                        f"| {_fmt(s['startup_serving_s'], 2)} "
-                        f"| {_fmt(s['freshness'].get('listing_duration_median_s', math.nan), 2)} |"
+                        f"| {point[axis]:,} | {name} | {fmt(s['loop_median_ms'])} | {fmt(per_call, 0)} "
+                        f"| {fmt(s.get('cpu_per_loop_s', math.nan), 3)} | {fmt(s['peak_rss_mib'])} "
+                        f"| {fmt(s['startup_serving_s'], 2)} "
+                        f"| {fmt(s['freshness'].get('listing_duration_median_s', math.nan), 2)} |"
                     )
             out.append("")
     return "\n".join(out).rstrip()

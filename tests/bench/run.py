@@ -38,7 +38,7 @@ from tests.bench.servers import (
     OURS_VARIANTS,
     BenchedServer,
     ServerStartError,
-    checkout_option,
+    add_ours_options,
     describe_checkout,
     start_floor,
     start_native_floor,
@@ -95,16 +95,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["ours", "upstream"],
         help="servers to run: our server with its default settings, its serving variants, the upstream example",
     )
-    parser.add_argument(
-        "--ours-from",
-        type=checkout_option,
-        action="append",
-        default=[],
-        metavar="NAME=PATH",
-        help="also run the server of another checkout (its make install done) as NAME, e.g. main=../main",
-    )
+    add_ours_options(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for results and server logs")
-    parser.add_argument("--log-level", default="info", help="our server's log level (deployments run info)")
     parser.add_argument(
         "--profile",
         action="store_true",

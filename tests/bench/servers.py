@@ -56,6 +56,19 @@ def checkout_option(text: str) -> tuple[str, Path]:
     return name, Path(path).resolve()
 
 
+def add_ours_options(parser: argparse.ArgumentParser) -> None:
+    """The options both runners take for our server: another checkout to run beside it, its log level."""
+    parser.add_argument(
+        "--ours-from",
+        type=checkout_option,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also run the server of another checkout (its make install done) as NAME, e.g. main=../main",
+    )
+    parser.add_argument("--log-level", default="info", help="our server's log level (deployments run info)")
+
+
 def describe_checkout(checkout: Path) -> str:
     """What ``--ours-from`` ran, for the results: the checkout and its commit."""
     done = subprocess.run(
