@@ -25,6 +25,7 @@ written into the config; ``check`` runs the server's own validation on it. Probl
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from collections.abc import Mapping
@@ -139,11 +140,7 @@ class Conversion:
     @property
     def config(self) -> dict[str, Any]:
         """The whole server config for the layout, in the key order of deploy/'s files."""
-        settings = dict(SERVER_SETTINGS[self.layout])
-        kubernetes = settings.pop("kubernetes", None)
-        config: dict[str, Any] = {**settings}
-        if kubernetes is not None:
-            config["kubernetes"] = kubernetes
+        config = copy.deepcopy(dict(SERVER_SETTINGS[self.layout]))
         config["log"] = dict(LOG_SETTINGS)
         config["backends"] = [
             {"name": self.cloud, "type": self.cloud, self.cloud: dict(self.backend), "sync": dict(SYNC_SETTINGS)}
