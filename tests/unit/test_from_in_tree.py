@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from server import from_in_tree
+from server.config import validate
 from server.from_in_tree import Conversion, check, convert
 from tests.unit.test_config import run_cli
 
@@ -357,3 +358,22 @@ def test_from_in_tree_names_every_problem_of_a_broken_input_and_fails(tmp_path: 
         "  - environment variable BIZFLYCLOUD_API_URL (for backends[0].bizfly.api_url)",
     ]
     assert all(". Fix: " in line for line in lines[1:])
+
+
+@pytest.mark.parametrize(
+    ("mapping", "key", "problem"),
+    [
+        ({"auth_method": "password", "email": "a@b.c", "password": "p"}, "cluster_name", "the cluster UID is missing"),
+        (
+            {"auth_method": "token", "email": "a@b.c", "password": "p", "cluster_name": "c1"},
+            "auth_method",
+            "'token' is not a login method",
+        ),
+    ],
+)
+def test_the_server_refuses_at_start_what_the_in_tree_bizfly_provider_accepts(
+    mapping: dict[str, str], key: str, problem: str
+) -> None:
+    # The in-tree provider runs with no node group at all, or sends the login the API refuses.
+    result = validate({"backends": [{"type": "bizfly", "bizfly": mapping}]}, env={})
+    assert [(p.key, p.problem) for p in result.problems] == [(f"backends[0].bizfly.{key}", problem)]
