@@ -490,7 +490,7 @@ def ca_flag_changes(conversion: Conversion, old_cloud_config: str | None, secret
         f"(the externalgrpc cloud-config below)",
         "every other flag stays as it is (--nodes and --node-group-auto-discovery were ignored by the in-tree "
         "provider and are by externalgrpc: the server lists the groups)",
-        f"environment: {', '.join(variables)} move from the CA container to the server's (Secret {secret}, "
+        f"environment: move {', '.join(variables)} from the CA container to the server's (Secret {secret}, "
         "same keys: the server reads the same variables); the CA needs none of them",
     ]
 
