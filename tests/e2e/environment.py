@@ -90,12 +90,14 @@ class OurServer:
     """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), with the reads the
     scenarios check and a restart that keeps the address the CA's cloud-config names."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: Path, name: str = "server") -> None:
+    def __init__(
+        self, config: Mapping[str, Any], workdir: Path, name: str = "server", env: Mapping[str, str] | None = None
+    ) -> None:
         self.name = name
         self.log_path = workdir / "logs" / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.process = ServerProcess(
-            {**config, "log": {"format": "json"}}, workdir=workdir, log_path=self.log_path, name=name
+            {**config, "log": {"format": "json"}}, env=env, workdir=workdir, log_path=self.log_path, name=name
         )
 
     @property
