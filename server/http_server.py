@@ -16,6 +16,10 @@ kept it open (README, "Hand-written parts"). Here a connection is a small object
 * ``idle_timeout``: how long a keep-alive connection may wait for its next request.
 * request line at most 8 KiB (414), header block at most 16 KiB and 100 fields (431), GET and HEAD only
   (405 with ``Allow``), no request body (413), at most 1,000 requests per connection.
+* fairness: one request per connection and loop turn (pipelining cannot hold the loop), reading paused
+  while a client leaves its answers unread or its buffer is full, and no path's answers computed more
+  than a quarter of the time once a short burst is spent (``BoundedHttpServer.ask``; past it, answers up
+  to a second old are given again), so floods of /metrics requests leave the probes their turn.
 """
 
 from __future__ import annotations
@@ -45,8 +49,12 @@ SERVER_NAME = "ca-externalgrpc"
 #: answer to reach the client, which a reset with unread bytes would destroy
 LINGER_SECONDS = 1.0
 DROP_LOG_INTERVAL = 60.0
-#: after an answer that took t to compute, its path's next answer waits this many t (one quarter of the loop)
-ANSWER_SHARE_WAIT = 3.0
+#: computing one path's answers may take this share of the loop's time over a long run ...
+ANSWER_SHARE = 0.25
+#: ... and this many seconds at a stretch: a scraper is never slowed, a client that asks without pause is
+ANSWER_BURST = 0.25
+#: once the share is spent, how old an answer may be given again
+ANSWER_REUSE = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,8 +105,9 @@ class BoundedHttpServer:
         self._connections: dict[_Connection, None] = {}  # admission order
         self._drops: dict[str, int] = {}
         self._waiting: dict[str, list[_Connection]] = {}  # path -> connections waiting for its answer
-        self._next_answer: dict[str, float] = {}  # path -> loop time its next answer may be computed
-        self._drops_logged_at = time.monotonic()
+        self._compute_budget: dict[str, tuple[float, float]] = {}  # path -> (seconds of credit, as of)
+        self._last_answer: dict[str, tuple[Answer, float]] = {}  # path -> (answer, loop time it was started)
+        self._drops_logged_at = time.monotonic() - DROP_LOG_INTERVAL  # the first drop is logged at once
         self._listening: asyncio.AbstractServer | None = None
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), name="http-probes", daemon=True)
@@ -135,26 +144,40 @@ class BoundedHttpServer:
     def ask(self, path: str, connection: _Connection) -> None:
         """Answer ``connection``'s request for ``path`` now, or with the others that wait for it.
 
-        Computing one path's answer may take at most a quarter of the loop's time (after an answer that
-        took t, the next for that path is computed 3t later at the earliest, and the requests that came
-        meanwhile share it): a client that asks for /metrics without pause, or a crowd of scrapers, cannot
-        starve the probes, and every answer is still computed after its request arrived.
+        Computing a path's answers may take a quarter of the loop's time: a token bucket of compute time,
+        ANSWER_SHARE of the time passed, at most ANSWER_BURST saved up. Within it, every answer is computed
+        after its request arrived (the requests of one loop turn share one). Once a client that asks for
+        /metrics without pause, or a crowd of them, has spent it, they get the last answer while it is
+        at most ANSWER_REUSE old, or wait for the next: the probes keep their turn.
         """
+        now = self.loop.time()
+        credit = self._credit(path, now)
+        last = self._last_answer.get(path)
+        if path not in self._waiting and credit <= 0 and last is not None and now - last[1] <= ANSWER_REUSE:
+            connection.deliver(last[0])
+            return
         waiting = self._waiting.setdefault(path, [])
         waiting.append(connection)
         if len(waiting) == 1:
-            self.loop.call_at(max(self._next_answer.get(path, 0.0), self.loop.time()), self._answer, path)
+            self.loop.call_later(0.0 if credit > 0 else -credit / ANSWER_SHARE, self._answer, path)
+
+    def _credit(self, path: str, now: float) -> float:
+        """Seconds of computing ``path`` may take now (negative: it took more than its share lately)."""
+        credit, since = self._compute_budget.get(path, (ANSWER_BURST, now))
+        return min(ANSWER_BURST, credit + (now - since) * ANSWER_SHARE)
 
     def _answer(self, path: str) -> None:
         waiting = self._waiting.pop(path, [])
         started = self.loop.time()
+        credit = self._credit(path, started)
         try:
             answer = self.route(path)
         except Exception:
             log.exception("the probe/metrics port failed to answer %s", path)
             answer = 500, b"internal error\n", TEXT
         finished = self.loop.time()
-        self._next_answer[path] = finished + ANSWER_SHARE_WAIT * (finished - started)
+        self._compute_budget[path] = (credit - (finished - started), finished)
+        self._last_answer[path] = (answer, started)
         for connection in waiting:
             connection.deliver(answer)
 
