@@ -54,7 +54,7 @@ class Target:
         self.server = server
         self.port = server.http_port
         self.warm_up()
-        self.baseline = settled_usage(server.pid)
+        self.baseline = settled_usage(server.pid, seconds=0.5)
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
