@@ -372,6 +372,9 @@ class _Connection(asyncio.Protocol):
         self.closing = True
         self.buffer.clear()
         assert self.transport is not None
+        if self.reading_paused:  # read again, to drop what the client still sends
+            self.reading_paused = False
+            self.transport.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._wait(LINGER_SECONDS)
