@@ -21,11 +21,12 @@ from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
 from server.group_overrides import UnmatchedOverrideCheck
+from server.http_server import BoundedHttpServer
 from server.kube.integration import KubeFeatures, start_features
 from server.kube.leader import Leadership
 from server.metrics import GRPC_BUCKETS, Metrics
 from server.native_front import NativeEngineMissing, NativeFront
-from server.probes import HttpEndpoint, Liveness, serve_probes
+from server.probes import Liveness, serve_probes
 from server.rpc import Dispatcher, reflection_data, service_methods
 from server.service import SERVICE, SERVICE_NAME, CloudProviderService, log_rpc_calls
 
@@ -150,7 +151,7 @@ class RunningServer:
     port: int
     liveness: Liveness
     metrics: Metrics
-    http: HttpEndpoint | None = None
+    http: BoundedHttpServer | None = None
     kube: KubeFeatures | None = None
     leadership: Leadership | None = None  # with leader election on: this replica's role
     _stopped: threading.Event = field(default_factory=threading.Event)
@@ -164,7 +165,7 @@ class RunningServer:
         """``host:port`` of the HTTP probes and /metrics (the bound port, also with port 0), if served."""
         if self.http is None or self.config.http_listen is None:
             return None
-        return _join(self.config.http_listen[0], self.http.port)  # type: ignore[attr-defined]
+        return _join(self.config.http_listen[0], self.http.port)
 
     def draining(self) -> bool:
         """True from the start of ``stop()``: /readyz then fails so a Service stops routing here."""

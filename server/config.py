@@ -39,6 +39,7 @@ from providers.config_values import (
 from providers.model import NodeTemplate, Taint
 from providers.scaleway.config import ScalewayConfig
 from server.compat import OptionsOverride
+from server.http_server import HttpLimits
 from server.kube.settings import KubernetesConfig
 from server.node_encoding import is_valid_quantity
 from server.pem_files import ca_bundle_problem, key_pair_problem, unreadable
@@ -48,6 +49,7 @@ __all__ = [
     "BackendConfig",
     "ConfigError",
     "GroupConfig",
+    "HttpConfig",
     "ServerConfig",
     "ServingConfig",
     "TLSConfig",
@@ -169,6 +171,22 @@ class ServingConfig(ConfigModel):
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
     # gRPC port, answers the hot reads and forwards the rest to grpcio (server/native_front.py).
     engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "native"  # type: ignore[valid-type]
+
+
+class HttpConfig(ConfigModel):
+    """What one client may hold on the probe/metrics port (``http_listen``; server/http_server.py)."""
+
+    max_connections: whole_number(4, 10_000, 100) = 100  # type: ignore[valid-type]
+    request_timeout: duration(0.5, 60) = 5.0  # type: ignore[valid-type]
+    idle_timeout: duration(1, 3600) = 30.0  # type: ignore[valid-type]
+
+    @property
+    def limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_connections=self.max_connections,
+            request_timeout=self.request_timeout,
+            idle_timeout=self.idle_timeout,
+        )
 
 
 class LogConfig(ConfigModel):
@@ -318,6 +336,7 @@ class BackendConfig(ConfigModel):
 class ServerConfig(ConfigModel):
     listen: Address = ("127.0.0.1", 8086)
     http_listen: Annotated[tuple[str, int] | None, BeforeValidator(_optional_address)] = ("127.0.0.1", 8087)
+    http: HttpConfig = HttpConfig()
     allow_plaintext_non_loopback: Flag = False
     tls: Annotated[TLSConfig | None, BeforeValidator(lambda value: value or None)] = None  # tls: {} = no TLS
     shutdown_grace: duration(0, 3600) = 15.0  # type: ignore[valid-type]

@@ -14,6 +14,7 @@ from providers.config_errors import ConfigError
 from providers.config_values import format_duration, parse_go_duration, validate_cloud_settings
 from server.cloud_config import check_cloud_config
 from server.config import CLOUD_MODELS, parse, validate
+from server.http_server import HttpLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "9c1d7a52-3b4e-4f60-8a71-2d3c4b5a6f70"
@@ -62,6 +63,12 @@ def run_cli(*args, env=None):
         (config(tls={"cert": "/nonexistent.crt"}), "tls.key"),
         (config(log={"format": "xml"}), "log.format"),
         (config(max_workers=0), "max_workers"),
+        (config(http={"max_connections": 2}), "http.max_connections"),
+        (config(http={"max_connections": "many"}), "http.max_connections"),
+        (config(http={"request_timeout": 5}), "http.request_timeout"),
+        (config(http={"request_timeout": "10m"}), "http.request_timeout"),
+        (config(http={"idle_timeout": "0s"}), "http.idle_timeout"),
+        (config(http={"keepalive": "30s"}), "http.keepalive"),
         (config(serving={"engine": "rust"}), "serving.engine"),
         (config(unknown_key=1), "unknown_key"),
         (config(shutdown_grace=15), "shutdown_grace"),
@@ -91,6 +98,13 @@ def test_a_bad_value_names_its_key_and_a_fix(raw, key):
     assert all(problem.fix for problem in info.value.problems)
     assert "Fix:" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+def test_the_http_keys_become_the_probe_port_limits():
+    limits = parse(config(http={"max_connections": 8, "request_timeout": "1.5s", "idle_timeout": "1m"}), env={})
+    assert (limits.http.limits.max_connections, limits.http.limits.request_timeout) == (8, 1.5)
+    assert limits.http.limits.idle_timeout == 60.0
+    assert parse(config(), env={}).http.limits == HttpLimits()
 
 
 def test_every_mistake_is_reported_in_one_run():
