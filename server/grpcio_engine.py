@@ -119,11 +119,17 @@ def channel_options(serving: ServingConfig) -> list[tuple[str, int]]:
         ("grpc.max_allowed_incoming_connections", serving.max_connections),
         ("grpc.http2.min_ping_interval_without_data_ms", ms(serving.min_ping_interval)),
         ("grpc.http2.max_ping_strikes", 2),
+        # Keep-alive pings go on without data and without calls, as the native front's do: a dead peer
+        # is found on an idle connection or under a silent health Watch too.
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.server_handshake_timeout_ms", ms(serving.handshake_timeout)),
     ]
     if serving.keepalive_time:
         options.append(("grpc.keepalive_time_ms", ms(serving.keepalive_time)))
         options.append(("grpc.keepalive_timeout_ms", ms(serving.keepalive_timeout)))
+        # grpc core waits for a keep-alive ping's answer this long (1 minute by default), not the above.
+        options.append(("grpc.http2.ping_timeout_ms", ms(serving.keepalive_timeout)))
     if serving.idle_timeout:
         options.append(("grpc.max_connection_idle_ms", ms(serving.idle_timeout)))
     return options
