@@ -30,9 +30,6 @@
 //!   answered INTERNAL `the server failed to answer; see its log`. When the client's deadline passes
 //!   first, the call is answered DEADLINE_EXCEEDED `Deadline Exceeded` at that moment and Python's
 //!   answer is dropped; a call the client abandoned before a pool thread took it never reaches Python.
-//! * `methods`: the full paths `dispatch` serves (all unary-unary). The request is checked before
-//!   Python sees it: a compressed message is UNIMPLEMENTED, one over 4 MiB RESOURCE_EXHAUSTED, no
-//!   message, several or a truncated frame INTERNAL. Health and reflection paths are always native.
 //! * `cert`, `key`, `client_ca`: PEM bytes; with `client_ca`, clients must present a certificate it signed.
 //! * `threads`: the runtime's worker threads (the network and the native answers).
 //! * `python_threads`: at most this many `dispatch` (and `submit`) calls run at once.
