@@ -30,9 +30,17 @@
 //!   answered INTERNAL `the server failed to answer; see its log`. When the client's deadline passes
 //!   first, the call is answered DEADLINE_EXCEEDED `Deadline Exceeded` at that moment and Python's
 //!   answer is dropped; a call the client abandoned before a pool thread took it never reaches Python.
+//!   The deadline runs from the request's headers on every call: reading the request counts.
+//! * `methods`: the full paths `dispatch` serves (all unary-unary). The request is checked before
+//!   Python sees it: a message over 4 MiB (compressed or not) is RESOURCE_EXHAUSTED; no message,
+//!   several, a truncated frame, or a compressed flag without `grpc-encoding` INTERNAL; an encoding
+//!   other than identity, gzip and deflate UNIMPLEMENTED. A unary call is answered once its message is
+//!   in, without waiting for the client's half-close. Health and reflection paths are always native.
 //! * `cert`, `key`, `client_ca`: PEM bytes; with `client_ca`, clients must present a certificate it signed.
 //! * `threads`: the runtime's worker threads (the network and the native answers).
 //! * `python_threads`: at most this many `dispatch` (and `submit`) calls run at once.
+//! * the limits on client connections (`serving.*` of `server/config.py`; seconds, `None` for never
+//!   where it applies): see `conn::Limits`.
 //!
 //! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`
 //! (the tables, see `answers.rs`); `set_health(service, status)`, `shutdown_health()`;

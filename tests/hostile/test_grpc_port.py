@@ -272,6 +272,35 @@ def test_many_never_ending_4_mib_bodies_on_one_connection_are_answered_in_time_a
     server.assert_responsive("after the bodies")
 
 
+def test_a_connection_holds_at_most_16_mib_of_announced_request_bytes(server: Target) -> None:
+    """Six calls each announce a 4 MiB message and send only its prefix, 2 s deadline.
+
+    native: the first four are held until their deadline, the fifth and sixth are refused
+    RESOURCE_EXHAUSTED at once (16 MiB per connection, counted from the prefix). grpcio has no such
+    bound: all six wait for their deadline. The native front is right: nothing else caps what one
+    connection makes the process hold (100 streams of 4 MiB each on grpcio).
+    """
+    raw = RawGrpc(server.address)
+    try:
+        streams = []
+        for _ in range(6):
+            stream = raw.start(TARGET_SIZE, timeout="2S")
+            raw.send(stream, grpc_frame(b"", length=4 * MIB))
+            raw.pump(0.05)
+            streams.append(stream)
+        raw.wait(streams, 4)
+        answers = [raw.answers[s] for s in streams]
+        expected = [DEADLINE_EXCEEDED] * 4 + [
+            RESOURCE_EXHAUSTED if server.engine == "native" else DEADLINE_EXCEEDED
+        ] * 2
+        assert [a.status for a in answers] == expected, answers
+        if server.engine == "native":
+            assert all((a.seconds or 99) < 1 for a in answers[4:]), "refused at once"
+            assert "16777216" in answers[4].message, answers[4].message
+    finally:
+        raw.close()
+
+
 def test_a_whole_unary_message_is_answered_without_the_half_close(server: Target) -> None:
     raw = RawGrpc(server.address)
     try:
