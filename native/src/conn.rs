@@ -327,14 +327,16 @@ impl Connections {
 
 /// Whether the idle deadline of `conn` has passed, and if not, when it will.
 pub fn idle_deadline(conn: &Conn, idle: Duration) -> Result<(), tokio::time::Instant> {
-    let since = conn.idle_since_ms();
+    if conn.open_streams() > 0 {
+        // Not idle; look again later (a stream's end restarts the count from then).
+        return Err(tokio::time::Instant::now() + idle);
+    }
     let now = now_ms();
-    let due = since.saturating_add(idle.as_millis() as u64);
-    if conn.open_streams() == 0 && now >= due {
+    let due = conn.idle_since_ms().saturating_add(idle.as_millis() as u64);
+    if now >= due {
         return Ok(());
     }
-    let wait = Duration::from_millis(due.saturating_sub(now).max(1)).min(idle);
-    Err(tokio::time::Instant::now() + wait)
+    Err(tokio::time::Instant::now() + Duration::from_millis(due - now))
 }
 
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -655,6 +657,27 @@ mod tests {
         drop(held);
         assert!(b.reserve(3).is_ok());
         assert_eq!(shared.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn idle_means_no_stream_for_the_whole_timeout() {
+        let conn = Conn::detached();
+        let idle = Duration::from_millis(20);
+        assert!(idle_deadline(&conn, idle).is_err(), "just opened");
+        let stream = StreamGuard::new(conn.clone());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let next = idle_deadline(&conn, idle).unwrap_err();
+        assert!(
+            next + Duration::from_millis(5) >= tokio::time::Instant::now() + idle,
+            "a stream is open: look again one timeout later, no busy loop"
+        );
+        drop(stream);
+        assert!(
+            idle_deadline(&conn, idle).is_err(),
+            "the count starts again when the stream ends"
+        );
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(idle_deadline(&conn, idle).is_ok());
     }
 
     #[test]

@@ -60,6 +60,8 @@ pub trait Dispatch: Send + Sync + 'static {
 
 /// How long a connection asked to go away because it is idle may take to close.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// The least time a connection asked to go away is given, to write its GOAWAY.
+const GOAWAY_WRITE: Duration = Duration::from_millis(100);
 
 /// What every connection shares.
 pub struct Shared {
@@ -447,7 +449,8 @@ async fn drive<IO>(
             () = tokio::time::sleep_until(idle_check), if closing_until.is_none() => {}
             grace = conn.going_away(), if closing_until.is_none() => {
                 connection.as_mut().graceful_shutdown();
-                closing_until = Some(tokio::time::Instant::now() + grace);
+                // Even with no grace, the GOAWAY itself gets a moment to leave.
+                closing_until = Some(tokio::time::Instant::now() + grace.max(GOAWAY_WRITE));
             }
             () = tokio::time::sleep_until(closing_until.unwrap_or(far)), if closing_until.is_some() => break,
         }
