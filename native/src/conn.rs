@@ -512,6 +512,15 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for FrameWatch<IO> {
     }
 }
 
+/// Bytes the server wrote: HEADERS or DATA among them excuse the client's next ping (grpc-go).
+fn written_out(outgoing: &mut FrameCursor, pings: &mut PingPolicy, data: &[u8]) {
+    outgoing.feed(data, |frame| {
+        if matches!(frame.kind, HEADERS | DATA) {
+            pings.reset = true;
+        }
+    });
+}
+
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FrameWatch<IO> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         let this = &mut *self;
@@ -519,13 +528,35 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for FrameWatch<IO> {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "too many pings")));
         }
         let written = std::task::ready!(Pin::new(&mut this.io).poll_write(cx, data))?;
-        let pings = &mut this.pings;
-        this.outgoing.feed(&data[..written], |frame| {
-            if matches!(frame.kind, HEADERS | DATA) {
-                pings.reset = true;
-            }
-        });
+        written_out(&mut this.outgoing, &mut this.pings, &data[..written]);
         Poll::Ready(Ok(written))
+    }
+
+    /// hyper writes a frame's header and its payload as separate slices when the socket takes them.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        slices: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if this.closed_for_pings {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, "too many pings")));
+        }
+        let written = std::task::ready!(Pin::new(&mut this.io).poll_write_vectored(cx, slices))?;
+        let mut left = written;
+        for slice in slices {
+            let n = left.min(slice.len());
+            written_out(&mut this.outgoing, &mut this.pings, &slice[..n]);
+            left -= n;
+            if left == 0 {
+                break;
+            }
+        }
+        Poll::Ready(Ok(written))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
