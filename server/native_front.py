@@ -133,10 +133,6 @@ class NativeFront:
                 return
             self._front.publish(**tables)
 
-    def connections(self) -> int:
-        """How many client connections are open."""
-        return int(self._front.connections())
-
     def drop_connections(self, grace: float) -> None:
         """GOAWAY to every client connection; open calls get ``grace`` seconds; the port keeps listening."""
         self._front.drop_connections(grace)

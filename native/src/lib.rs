@@ -44,7 +44,7 @@
 //!
 //! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`
 //! (the tables, see `answers.rs`); `set_health(service, status)`, `shutdown_health()`;
-//! `set_reflection(services, files, symbols)`; `submit(callable)`; `native_calls()`; `connections()`;
+//! `set_reflection(services, files, symbols)`; `submit(callable)`; `native_calls()`;
 //! `drop_connections(grace)`; `stop(grace)`.
 
 pub mod answers;
@@ -370,11 +370,6 @@ impl Front {
     /// natively with status OK: the five table methods and health `Check`.
     fn native_calls(&self) -> Vec<(String, String, u64, Vec<u64>, f64)> {
         self.shared.metrics.read()
-    }
-
-    /// How many client connections are open.
-    fn connections(&self) -> usize {
-        self.shared.connections.count()
     }
 
     /// GOAWAY to every client connection, and keep listening: clients reconnect (a CA through its
