@@ -104,11 +104,11 @@ native-test: install
 	cd native && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings && cargo test --release
 
 # Every test with the default serving engine (native), then the gRPC tests (tests/integration, which
-# runs the conformance lab too) and the hostile-client suite (tests/hostile) again on the pure-Python
-# engine (grpcio).
+# runs the conformance lab too) and the probe-port hostile suite again on the pure-Python engine
+# (grpcio); tests/hostile/test_grpc_port.py runs both engines itself, side by side.
 test: build native-test
 	$(PY) -m pytest -q tests
-	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py
 
 bench: GO_BUILD_GROUPS = bench
 bench: build

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import resource
 import signal
 import socket
 import threading
@@ -55,6 +56,11 @@ class Engine(Protocol):
     def shutdown_health(self) -> None: ...
 
     def submit(self, task: Callable[[], object]) -> object: ...
+
+    def drop_connections(self, grace: float) -> None:
+        """GOAWAY to every client connection, open calls get ``grace`` seconds, the port keeps listening:
+        clients reconnect (through the Service, to the replica that leads now)."""
+        ...
 
     def stop(self, grace: float) -> None: ...
 
@@ -207,8 +213,33 @@ class RunningServer:
         log.info("server stopped")
 
 
+#: file descriptors the process needs besides its client connections (cloud and Kubernetes API
+#: connections, log and config files, the runtime's own)
+FD_RESERVE = 256
+
+
+def ensure_file_descriptors(max_connections: int, http_connections: int = 0) -> None:
+    """Raise the soft limit on open files to what ``serving.max_connections`` and ``http.max_connections``
+    need, as Go's runtime raises it to the hard limit; a hard limit below that is a configuration the
+    process cannot honour."""
+    needed = max_connections + http_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise ConfigError.single(
+            "serving.max_connections",
+            f"{max_connections} gRPC and {http_connections} probe/metrics connections need about {needed} open "
+            f"files, but this process may open {hard} (its hard RLIMIT_NOFILE)",
+            f"lower serving.max_connections to at most {max(hard - http_connections - FD_RESERVE, 1)} (or "
+            "http.max_connections), or raise the container's open-files limit",
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
+
+
 def start(config: ServerConfig, backends: list[Backend] | None = None, start_backends: bool = True) -> RunningServer:
     register_secrets(config)
+    ensure_file_descriptors(config.serving.max_connections, config.http.max_connections)
     registry = Registry(backends if backends is not None else build_backends(config))
     metrics = Metrics()
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
@@ -305,7 +336,14 @@ def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
     if problem is None:
         try:
             return NativeFront(
-                host, port, GRPC_BUCKETS, dispatcher, reflection_data(services), tls, python_threads=config.max_workers
+                host,
+                port,
+                GRPC_BUCKETS,
+                dispatcher,
+                reflection_data(services),
+                tls,
+                python_threads=config.max_workers,
+                serving=config.serving,
             )
         except NativeEngineMissing as err:
             raise ConfigError.single(

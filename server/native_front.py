@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from providers.errors import DomainError
+from server.config import ServingConfig
 from server.rpc import MAX_ANSWER_BYTES, Dispatcher, ReflectionData
 from server.service import UNMANAGED_ANSWER, CloudProviderService
 
@@ -68,6 +69,7 @@ class NativeFront:
         reflection: ReflectionData,
         tls: tuple[bytes, bytes, bytes | None] | None,
         python_threads: int,
+        serving: ServingConfig,
         threads: int = 2,
     ) -> None:
         extension = load_extension()
@@ -83,6 +85,7 @@ class NativeFront:
             client_ca=client_ca,
             threads=threads,
             python_threads=python_threads,
+            **front_limits(serving),
         )
         self._front.set_reflection(reflection.services, reflection.files, reflection.symbols)
         self._lock = threading.Lock()  # one publication at a time: a slower, older one never lands last
@@ -130,6 +133,10 @@ class NativeFront:
                 return
             self._front.publish(**tables)
 
+    def drop_connections(self, grace: float) -> None:
+        """GOAWAY to every client connection; open calls get ``grace`` seconds; the port keeps listening."""
+        self._front.drop_connections(grace)
+
     def native_calls(self) -> NativeCalls:
         calls: NativeCalls = self._front.native_calls()
         return calls
@@ -137,6 +144,21 @@ class NativeFront:
     def stop(self, grace: float) -> None:
         """Stop accepting, let open calls (Python's too) finish for at most ``grace`` seconds."""
         self._front.stop(grace)
+
+
+def front_limits(serving: ServingConfig) -> dict[str, Any]:
+    """``serving.*`` as the front's keyword arguments (seconds; None for "never")."""
+    return {
+        "max_connections": serving.max_connections,
+        "max_concurrent_streams": serving.max_concurrent_streams,
+        "max_header_list_size": serving.max_header_list_size,
+        "keepalive_time": serving.keepalive_time or None,
+        "keepalive_timeout": serving.keepalive_timeout,
+        "min_ping_interval": serving.min_ping_interval,
+        "handshake_timeout": serving.handshake_timeout,
+        "idle_timeout": serving.idle_timeout or None,
+        "request_buffer": serving.request_buffer,
+    }
 
 
 def _fits(message: Any) -> bytes | None:

@@ -1,8 +1,9 @@
-"""What a hostile client costs a server process, and how fast it still answers.
+"""What a hostile client costs a server process, and how fast the server still answers.
 
-Functions of a pid (read from /proc, so they work on any server binary the tests start) and a latency
-probe that takes the median of several calls, so one slow scheduling slice on a loaded 2-core machine
-does not decide a test while a server that really stalls still fails it.
+Shared by the suites of every port (tests/hostile/test_http_port.py, test_grpc_port.py): functions of a
+pid, read from /proc so they work on any server process the tests start, and a latency probe that takes
+the median of several calls, so one slow scheduling slice on a loaded 2-core machine does not decide a
+test while a server that really stalls still fails it.
 """
 
 from __future__ import annotations
@@ -27,20 +28,15 @@ class Usage:
         return f"{self.threads} threads, {self.rss_mib:.1f} MiB RSS, {self.fds} fds"
 
 
-def _status_field(pid: int, name: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key == name:
-            return int(rest.split()[0])
-    raise KeyError(f"/proc/{pid}/status has no {name}")
-
-
 def thread_count(pid: int) -> int:
-    return _status_field(pid, "Threads")
+    return len(os.listdir(f"/proc/{pid}/task"))
 
 
 def rss_mib(pid: int) -> float:
-    return _status_field(pid, "VmRSS") / 1024.0  # the kernel reports kB
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0  # the kernel counts kB
+    raise ValueError(f"/proc/{pid}/status has no VmRSS")
 
 
 def open_fds(pid: int) -> int:
@@ -61,12 +57,17 @@ def settled_usage(pid: int, seconds: float = 1.0, interval: float = 0.1) -> Usag
     return Usage(max(s.threads for s in samples), max(s.rss_mib for s in samples), max(s.fds for s in samples))
 
 
-def median_latency(call: Callable[[], object], probes: int = 7, pause: float = 0.02) -> float:
-    """Median wall time of ``probes`` calls of ``call`` in seconds; a call that raises fails the probe."""
-    times = []
-    for _ in range(probes):
+def latencies(probe: Callable[[], object], count: int = 7, pause: float = 0.02) -> list[float]:
+    """Seconds each of ``count`` calls of ``probe`` took (a raise propagates: a probe must succeed)."""
+    taken = []
+    for _ in range(count):
         started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
+        probe()
+        taken.append(time.perf_counter() - started)
         time.sleep(pause)
-    return statistics.median(times)
+    return taken
+
+
+def median_latency(probe: Callable[[], object], count: int = 7, pause: float = 0.02) -> float:
+    """The median of ``latencies``: one slow probe on a loaded machine does not decide, most of them do."""
+    return statistics.median(latencies(probe, count, pause))

@@ -201,3 +201,40 @@ def test_tls_off_loopback_serves_unauthenticated_clients_only_when_allowed_expli
         finally:
             server.stop()
     assert "allow_unauthenticated_clients" in server.output  # the start-up warning names the key
+
+
+def client_ports(server_port: int) -> set[int]:
+    """Local ports of this process's established TCP connections to ``server_port`` (its clients' side)."""
+    ports = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, remote, state = fields[1], fields[2], fields[3]
+                if state == "01" and int(remote.rsplit(":", 1)[1], 16) == server_port:
+                    ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_drop_connections_sends_clients_elsewhere_and_lets_open_calls_finish(tmp_path):
+    """What a replica that stops leading does (issue 26): every client connection gets GOAWAY, the call in
+    flight finishes within the grace, the channel reconnects by itself, and the port keeps listening."""
+    with running_stack(tmp_path, scaleway=demo_scenario()) as stack:
+        assert stack.scaleway is not None
+        group = next(iter(stack.groups()))
+        connected = client_ports(stack.server.port)
+        assert len(connected) == 1, connected
+        stack.scaleway.faults.add(Fault(route="*", method="PATCH", delay=1.5, times=1))
+        increase = stack.stub.NodeGroupIncreaseSize.future(
+            pb.NodeGroupIncreaseSizeRequest(id=group, delta=1), timeout=10
+        )
+        time.sleep(0.5)  # the size write is in flight
+        stack.server.engine.drop_connections(5.0)
+        increase.result(timeout=10)  # answered OK within the grace
+        deadline = time.monotonic() + 5
+        while client_ports(stack.server.port) & connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not client_ports(stack.server.port) & connected, "the old connection is still open"
+        assert stack.target(group) >= 1  # the same channel, on a new connection
+        reconnected = client_ports(stack.server.port)
+        assert reconnected and not reconnected & connected, (connected, reconnected)

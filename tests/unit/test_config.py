@@ -70,6 +70,11 @@ def run_cli(*args, env=None):
         (config(http={"idle_timeout": "0s"}), "http.idle_timeout"),
         (config(http={"keepalive": "30s"}), "http.keepalive"),
         (config(serving={"engine": "rust"}), "serving.engine"),
+        (config(serving={"max_connections": 0}), "serving.max_connections"),
+        (config(serving={"max_header_list_size": "16KiB"}), "serving.max_header_list_size"),
+        (config(serving={"keepalive_time": 60}), "serving.keepalive_time"),
+        (config(serving={"handshake_timeout": "0s"}), "serving.handshake_timeout"),
+        (config(serving={"request_buffer": 1024}), "serving.request_buffer"),
         (config(unknown_key=1), "unknown_key"),
         (config(shutdown_grace=15), "shutdown_grace"),
         ({"backends": [{"type": "aws"}]}, "backends[0].type"),
@@ -228,6 +233,40 @@ def test_every_duration_key_takes_the_same_syntax():
     assert backend.sync.follow_refresh is True  # the default: the CA's Refresh starts each listing
     options = backend.groups["g"].options
     assert options is not None and options.scale_down_unneeded_time == 5400
+
+
+def test_the_grpc_port_limits_are_read_and_zero_turns_the_timers_off():
+    parsed = parse(
+        config(
+            serving={
+                "max_connections": 50,
+                "keepalive_time": "0s",
+                "idle_timeout": "0",
+                "handshake_timeout": "2s",
+                "min_ping_interval": "1m",
+            }
+        ),
+        env={},
+    )
+    from server.native_front import front_limits
+
+    limits = front_limits(parsed.serving)
+    assert limits["max_connections"] == 50 and limits["handshake_timeout"] == 2 and limits["min_ping_interval"] == 60
+    assert limits["keepalive_time"] is None and limits["idle_timeout"] is None, "0: never"
+    defaults = front_limits(parse(config(), env={}).serving)
+    assert (defaults["keepalive_time"], defaults["idle_timeout"], defaults["max_header_list_size"]) == (60, 300, 16384)
+
+
+def test_the_grpcio_engine_gets_the_same_limits_as_channel_arguments():
+    from server.grpcio_engine import channel_options
+
+    options = dict(
+        channel_options(parse(config(serving={"max_concurrent_streams": 7, "idle_timeout": "0s"}), env={}).serving)
+    )
+    assert options["grpc.max_concurrent_streams"] == 7
+    assert options["grpc.absolute_max_metadata_size"] == options["grpc.max_metadata_size"] == 16384
+    assert options["grpc.keepalive_time_ms"] == 60_000 and options["grpc.http2.ping_timeout_ms"] == 20_000
+    assert "grpc.max_connection_idle_ms" not in options, "0s: never"
 
 
 def test_follow_refresh_can_be_turned_off():
@@ -457,3 +496,27 @@ def test_the_operations_guide_example_validates():
     block = yaml_blocks(ROOT / "docs" / "operations.md", "## Server configuration reference")[0]
     parsed = parse(yaml.safe_load(block), env={"SCW_PAR_KEY": SECRET, "SCW_AMS_KEY": SECRET})
     assert [b.name for b in parsed.backends] == ["scw-par", "scw-ams"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "max_connections", "expected"),
+    [
+        ((300, 4096), 256, "soft 4096"),  # raised to the hard limit, as Go's runtime does
+        ((1024, 4096), 256, "soft 1024"),  # enough already: left alone
+        ((300, 400), 256, "serving.max_connections"),  # the hard limit cannot hold them: refused, naming the key
+    ],
+)
+def test_the_open_files_limit_is_raised_for_max_connections_or_the_key_refused(limits, max_connections, expected):
+    script = (
+        "import resource\n"
+        "from server.app import ensure_file_descriptors\n"
+        "from server.config import ConfigError\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, {limits})\n"
+        "try:\n"
+        f"    ensure_file_descriptors({max_connections})\n"
+        "    print('soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "except ConfigError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert expected in done.stdout, done.stdout + done.stderr
