@@ -298,6 +298,7 @@ class LeaderElector:
         self._written: Any = None  # the Lease as this replica last wrote it, while it leads
         self._failing = False
         self._namesake_warned = False
+        self._wrote = False  # a write of the Lease was sent (so this process may hold it at the API server)
 
     @property
     def _name(self) -> str:
@@ -325,7 +326,8 @@ class LeaderElector:
                 self._announce_lost("this replica is shutting down", "")
         if self._thread is not None:
             self._thread.join(timeout=_STOP_JOIN)
-        self._release()
+        if self._wrote:
+            self._release()
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -421,6 +423,7 @@ class LeaderElector:
         )
         body = client.V1Lease(metadata=old.metadata, spec=spec)
         sent = self._clock()
+        self._wrote = True
         written = self._call(
             "renew the Lease",
             lambda timeout: self._api.replace_namespaced_lease(
@@ -451,6 +454,7 @@ class LeaderElector:
             )
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=self._name, namespace=self._namespace), spec=spec)
             sent = self._clock()
+            self._wrote = True
             # 409 AlreadyExists when another replica created it first: this round is lost, the next reads it.
             written = self._call(
                 "create the Lease",
@@ -483,6 +487,7 @@ class LeaderElector:
         spec.lease_duration_seconds = duration_seconds
         lease.spec = spec
         sent = self._clock()
+        self._wrote = True
         # metadata.resourceVersion of the read travels along: a Lease changed since then answers 409.
         written = self._call(
             "write the Lease",
@@ -532,9 +537,9 @@ class LeaderElector:
         self._on_stopped()
 
     def _release(self) -> None:
-        """Best effort, within request_timeout: an empty holder lets a follower take over at its next
-        round, not after lease_duration."""
-        until = self._clock() + self._request_timeout
+        """Best effort, within two request timeouts (a read and a write): an empty holder lets a follower
+        take over at its next round, not after lease_duration."""
+        until = self._clock() + 2 * self._request_timeout
         for _ in range(_RELEASE_TRIES):
             try:
                 lease = self._bounded(
