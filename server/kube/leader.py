@@ -403,9 +403,9 @@ class LeaderElector:
             except _Stopped:
                 raise
             except Exception as err:
-                if api_status(err) != 409:
+                if api_status(err) not in (404, 409):
                     raise  # the next round tries the same update again
-                self._written = None
+                self._written = None  # changed or deleted since this replica wrote it: read it first
                 log.debug("the Lease changed since this replica wrote it; reading it", extra=self._log_fields())
         self._read_then_write()
 
@@ -422,15 +422,7 @@ class LeaderElector:
             lease_transitions=old.spec.lease_transitions,
         )
         body = client.V1Lease(metadata=old.metadata, spec=spec)
-        sent = self._clock()
-        self._wrote = True
-        written = self._call(
-            "renew the Lease",
-            lambda timeout: self._api.replace_namespaced_lease(
-                self._name, self._namespace, body, _request_timeout=timeout
-            ),
-        )
-        self._won(sent, written)
+        self._write("renew the Lease", functools.partial(self._replace, body))
 
     def _read_then_write(self) -> None:
         from kubernetes import client
@@ -453,14 +445,8 @@ class LeaderElector:
                 lease_transitions=0,
             )
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=self._name, namespace=self._namespace), spec=spec)
-            sent = self._clock()
-            self._wrote = True
             # 409 AlreadyExists when another replica created it first: this round is lost, the next reads it.
-            written = self._call(
-                "create the Lease",
-                lambda timeout: self._api.create_namespaced_lease(self._namespace, body, _request_timeout=timeout),
-            )
-            self._won(sent, written)
+            self._write("create the Lease", functools.partial(self._create, body))
             return
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or ""
@@ -486,16 +472,14 @@ class LeaderElector:
         spec.renew_time = now
         spec.lease_duration_seconds = duration_seconds
         lease.spec = spec
+        # metadata.resourceVersion of the read travels along: a Lease changed since then answers 409.
+        self._write("write the Lease", functools.partial(self._replace, lease))
+
+    def _write(self, what: str, fn: Callable[[float], Any]) -> None:
+        """One Lease write; its success counts from the moment it was sent."""
         sent = self._clock()
         self._wrote = True
-        # metadata.resourceVersion of the read travels along: a Lease changed since then answers 409.
-        written = self._call(
-            "write the Lease",
-            lambda timeout: self._api.replace_namespaced_lease(
-                self._name, self._namespace, lease, _request_timeout=timeout
-            ),
-        )
-        self._won(sent, written)
+        self._won(sent, self._call(what, fn))
 
     def _warn_namesake(self, holder: str) -> None:
         if self._namesake_warned or holder_name(holder) != self._leadership.identity:
@@ -564,6 +548,9 @@ class LeaderElector:
 
     def _replace(self, lease: Any, timeout: float) -> Any:
         return self._api.replace_namespaced_lease(self._name, self._namespace, lease, _request_timeout=timeout)
+
+    def _create(self, lease: Any, timeout: float) -> Any:
+        return self._api.create_namespaced_lease(self._namespace, lease, _request_timeout=timeout)
 
     def _bounded(self, fn: Callable[[float], Any], until: float) -> Any:
         left = until - self._clock()
