@@ -396,9 +396,10 @@ class LeaderElector:
         return call.outcome()
 
     def _round(self) -> None:
-        if self._leadership.leading and self._written is not None:
+        written = self._written  # read once: stop() may clear it meanwhile
+        if self._leadership.leading and written is not None:
             try:
-                self._renew_as_written()
+                self._renew_as_written(written)
                 return
             except _Stopped:
                 raise
@@ -409,11 +410,10 @@ class LeaderElector:
                 log.debug("the Lease changed since this replica wrote it; reading it", extra=self._log_fields())
         self._read_then_write()
 
-    def _renew_as_written(self) -> None:
+    def _renew_as_written(self, old: Any) -> None:
         """The leader's renewal: one update of the Lease as it last wrote it, guarded by its resourceVersion."""
         from kubernetes import client
 
-        old = self._written
         spec = client.V1LeaseSpec(
             holder_identity=self._identity,
             lease_duration_seconds=old.spec.lease_duration_seconds,
