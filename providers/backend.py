@@ -256,8 +256,9 @@ class Backend:
     def refresh_listing(self) -> Flight[Snapshot] | None:
         """For the CA's Refresh: the listing to wait for when the snapshot is older than the interval
         (the running one, else a new one), or None: the snapshot is young enough, the backend does not
-        follow Refresh, or its last listing failed (its timer retries by itself)."""
-        if not self.settings.follow_refresh or self._stop.is_set():
+        follow Refresh, its last listing failed (its timer retries by itself), or it is paused (a follower
+        replica reads nothing from the cloud, Refresh included)."""
+        if not self.settings.follow_refresh or self._stop.is_set() or self._paused.is_set():
             return None
         now = self._clock()
         # Held while the listing is asked for: a listing that ends in between swaps the snapshot under
@@ -288,9 +289,11 @@ class Backend:
 
     def reconcile_soon(self) -> None:
         """A listing now and another after LATE_LANDING_RECHECK, past the rate limit: after a write
-        with an unknown outcome, TargetSize must follow the cloud within seconds."""
+        with an unknown outcome, TargetSize must follow the cloud within seconds. Paused (this replica
+        stopped leading while the write was out), only the recheck is noted: the next leader lists itself."""
         now = self._clock()
-        self._listing.since(now)
+        if not self._paused.is_set():
+            self._listing.since(now)
         with self._state_lock:
             self._rechecks.append(now + LATE_LANDING_RECHECK)
         self._wake.set()

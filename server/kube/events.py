@@ -83,7 +83,7 @@ MAX_MESSAGE = 1024
 MAX_NAMED_NODES = 10
 #: after the status ConfigMap could not be written or read, try again this much later
 OBJECT_RETRY = 30.0
-DROP_REASONS = ("rate_limited", "queue_full", "api_error")
+DROP_REASONS = ("rate_limited", "queue_full", "api_error", "not_leader")
 #: how long a stopping writer keeps writing what is queued (plus the API call under way)
 STOP_BUDGET = 3.0
 
@@ -210,6 +210,17 @@ class EventBook:
         series.name = name
         series.written_count = max(series.written_count, count)
 
+    def drop_unwritten(self) -> int:
+        """Forget every series with occurrences not yet written (this replica stopped leading); returns how
+        many occurrences that drops."""
+        dropped = 0
+        for spec, series in list(self.series.items()):
+            if series.pending:
+                dropped += series.count - series.written_count
+                del self.series[spec]
+                self.reserved.discard(spec)
+        return dropped
+
     def failed(self, series: EventSeries) -> None:
         """The API server refused the write: forget the series (a later occurrence starts a new one)."""
         self.series.pop(series.spec, None)
@@ -332,7 +343,8 @@ class EventMetrics:
         self.dropped = Counter(
             PREFIX + "events_dropped_total",
             "Kubernetes Event occurrences not written: rate_limited (bucket empty), queue_full (the writer "
-            "is behind), api_error (the API server refused or did not answer).",
+            "is behind), api_error (the API server refused or did not answer), not_leader (this replica "
+            "stopped leading before they were written).",
             ("reason",),
             registry=registry,
         )
@@ -460,13 +472,15 @@ class EventRecorder:
                 except queue.Empty:
                     break
             try:
-                stopping = self._step(items) or self._stopping.is_set()
+                # Ends after a step that knew it was the last one (it writes the final status); a stop that
+                # came during a step gets one more.
+                stopping = self._step(items)
             except Exception:  # the writer must survive any surprise; the server does not depend on it
                 log.exception("writing Kubernetes Events failed unexpectedly")
                 stopping = self._stopping.is_set()
 
     def _step(self, items: list[Any]) -> bool:
-        stopping = False
+        stopping = self._stopping.is_set()
         for backend in self.backends:  # staleness grows without a sync attempt too
             self._check_backend(backend)
         for item in items:
@@ -476,16 +490,26 @@ class EventRecorder:
             if self._book.record(item.spec, item.wall, item.mono) is None:
                 self.metrics.dropped.labels("rate_limited").inc()
         now = self._clock()
+        leads = self._leads()
+        if not leads:
+            # A replica that stopped leading writes nothing more, not even what it queued while it led:
+            # the new leader reports from then on, and two writers would interleave their Events.
+            dropped = self._book.drop_unwritten()
+            if dropped:
+                self.metrics.dropped.labels("not_leader").inc(dropped)
+            return stopping
         # After a failed ConfigMap write, the next waits for OBJECT_RETRY (Events go on meanwhile).
-        status_allowed = now >= self._object_retry_at and self._leads()
+        status_allowed = now >= self._object_retry_at
         if not self._object_uid and status_allowed:
             self._write_status(now, force=True)
         for series in self._book.due(now):
-            if self._out_of_time():
-                return True
+            if self._out_of_time() or not self._leads():
+                return stopping
             self._write_event(series)
-        due = now - self._status_written_at >= self.config.status_interval
-        if self._status_dirty.is_set() and due and status_allowed and not self._out_of_time():
+        # The last step before the writer ends writes a changed status whatever the interval: the
+        # ConfigMap then shows the state the server stopped in.
+        due = stopping or now - self._status_written_at >= self.config.status_interval
+        if self._status_dirty.is_set() and due and status_allowed and not self._out_of_time() and self._leads():
             self._write_status(now)
         return stopping
 

@@ -123,7 +123,8 @@ class KubernetesConfig(ConfigModel):
     kubeconfig: str | None = None
     # Where the Lease, ConfigMaps and Events live; unset: the pod's namespace, else kube-system.
     namespace: str | None = None
-    # This replica's name in the Lease and in Events; unset: $POD_NAME, else the host name.
+    # This replica's name in Events, the journal and refusals, and (with a suffix unique to the process)
+    # in the Lease; unset: $POD_NAME, else the host name.
     identity: str | None = None
     # Each call to the API server gives up after this long.
     request_timeout: duration(0.1, 60) = 5.0  # type: ignore[valid-type]

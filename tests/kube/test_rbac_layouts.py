@@ -31,6 +31,7 @@ from kubernetes.client.rest import ApiException
 from devstack.clouds import scaleway_backend
 from devstack.harness import ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
+from server.kube.leader import holder_name
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, SIDECAR_VALUES, helm_template, sidecar_roles
@@ -268,7 +269,7 @@ def test_server_mtls_runs_its_four_features_with_its_service_accounts_roles(
                 if err.status == 404:
                     return ""
                 raise
-            return str(found.spec.holder_identity or "")
+            return holder_name(str(found.spec.holder_identity or ""))
 
         assert wait_for("the Lease held", lambda: holder() == "replica-a")
         wait_for("leader and Ready", lambda: server.http_get("/readyz")[0] == 200)
