@@ -198,6 +198,13 @@ class RunningServer:
         h = backend.health()
         self.engine.set_health(BACKEND_HEALTH_PREFIX + backend.name, NOT_SERVING if h.stale else SERVING)
 
+    def send_clients_away(self) -> None:
+        """GOAWAY to every client connection while the port keeps listening (not once stopping)."""
+        if self._stopped.is_set():
+            return  # the engine is stopping or stopped: its own drain closes the connections
+        log.info("sending every gRPC client connection away: this replica stopped leading")
+        self.engine.drop_connections(STEP_DOWN_GRACE)
+
     def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, stop accepting, let in-flight calls finish (bounded), stop syncing."""
         if self._stopped.is_set():
@@ -212,6 +219,10 @@ class RunningServer:
             self.http.stop()
         log.info("server stopped")
 
+
+#: seconds a call in flight on a replica that stopped leading may still take before its connection closes
+#: (reads answer in milliseconds; a mutating call is refused at once once the replica no longer leads)
+STEP_DOWN_GRACE = 5.0
 
 #: file descriptors the process needs besides its client connections (cloud and Kubernetes API
 #: connections, log and config files, the runtime's own)
@@ -258,6 +269,9 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
         # Before the ports open: a replica is a follower (refuses mutating RPCs, unready) until elected.
         running.leadership = Leadership(config.kubernetes.leader_election)
         service.mutation_guard = running.leadership.check_mutation
+        # A Service keeps established connections on a pod that turned unready: a replica that stops
+        # leading sends the CA's connections away, so the CA reconnects through the Service to the leader.
+        running.leadership.on_stopped_leading.append(running.send_clients_away)
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:

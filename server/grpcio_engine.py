@@ -40,6 +40,7 @@ class GrpcioEngine:
         self._address = ""
         self._credentials: grpc.ServerCredentials | None = None
         self._swap = threading.Lock()
+        self._stopping = False  # under _swap: once stop() began, drop_connections starts no server
 
     def _new_server(self) -> grpc.Server:
         server = grpc.server(self.executor, options=self.options)
@@ -88,6 +89,8 @@ class GrpcioEngine:
         first stops: GOAWAY, open calls get ``grace`` seconds, and new connections reach the second.
         """
         with self._swap:
+            if self._stopping:
+                return  # stop() drains every connection itself
             old = self.server
             new = self._new_server()
             if self._add_port(new, self._address, self._credentials) != self.port:
@@ -98,6 +101,7 @@ class GrpcioEngine:
 
     def stop(self, grace: float) -> None:
         with self._swap:
+            self._stopping = True
             server = self.server
         server.stop(grace).wait(grace + 1)
 

@@ -21,6 +21,7 @@ from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
+from tests.support.connections import client_ports
 
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 RPCS = {
@@ -201,19 +202,6 @@ def test_tls_off_loopback_serves_unauthenticated_clients_only_when_allowed_expli
         finally:
             server.stop()
     assert "allow_unauthenticated_clients" in server.output  # the start-up warning names the key
-
-
-def client_ports(server_port: int) -> set[int]:
-    """Local ports of this process's established TCP connections to ``server_port`` (its clients' side)."""
-    ports = set()
-    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        with open(table) as lines:
-            for line in list(lines)[1:]:
-                fields = line.split()
-                local, remote, state = fields[1], fields[2], fields[3]
-                if state == "01" and int(remote.rsplit(":", 1)[1], 16) == server_port:
-                    ports.add(int(local.rsplit(":", 1)[1], 16))
-    return ports
 
 
 def test_drop_connections_sends_clients_elsewhere_and_lets_open_calls_finish(tmp_path):

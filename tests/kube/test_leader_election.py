@@ -32,6 +32,7 @@ from tests.deploy.rendering import one, render
 from tests.deploy.test_leader_election_layout import lease_role
 from tests.e2e.control_plane import ControlPlane
 from tests.kube.proxy import HttpsProxy
+from tests.support.connections import client_ports
 
 CLUSTER = "11111111-0000-4000-8000-000000000001"
 POOL = "00000000-0000-4000-8000-000000000001"
@@ -286,6 +287,33 @@ def test_a_leader_cut_off_from_the_api_server_stops_writing_within_the_renew_dea
     assert status == 503 and body.startswith("follower"), body
     assert metric(first, 'ca_externalgrpc_leadership_transitions_total{event="lost"}') == 1
     assert metric(first, "ca_externalgrpc_leader_election_errors_total") > 0
+
+
+def test_a_replica_that_stops_leading_sends_the_cas_connection_away(
+    replicas: Replicas, admin: client.ApiClient, namespace: str
+) -> None:
+    """A Service keeps an established connection on a pod that turned unready, so a CA connected to a
+    leader that stepped down would be refused "the leader is ..." until it happened to reconnect. The
+    replica that stops leading sends its client connections away (GOAWAY); the port keeps listening."""
+    first = replicas.start("replica-a")
+    wait_for(lambda: ready(first), 10, "the first replica leads and syncs")
+    replicas.start("replica-b")
+    assert increase(first) is None  # the channel is connected, as the CA's is
+    connected = client_ports(first.grpc_port)
+    assert connected, "the test's channel holds no connection to the leader"
+
+    client.RbacAuthorizationV1Api(admin).delete_namespaced_role_binding("replica-a", namespace)
+    closed = wait_for(
+        lambda: not client_ports(first.grpc_port) & connected,
+        RENEW_DEADLINE + 5,
+        "the replica that stopped leading closes the connection it had",
+    )
+    print(f"\nconnection closed {closed:.2f}s after the API access was cut (renew deadline {RENEW_DEADLINE:g}s)")
+    assert not ready(first)
+    # Still listening: the same channel reconnects and is told who leads now.
+    refused = increase(first)
+    assert refused is not None and refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert client_ports(first.grpc_port) - connected
 
 
 # ------------------------------------------------------------------------------------------------------------
