@@ -77,7 +77,7 @@ build: install
 unit: install
 	$(PY) -m pytest -q tests/unit
 
-integration: GO_BUILD_GROUPS = conformance bench
+integration: GO_BUILD_GROUPS = conformance bench integration
 integration: build
 	$(PY) -m pytest -q tests/integration
 

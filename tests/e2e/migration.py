@@ -34,21 +34,20 @@ import kubernetes
 import pytest
 import yaml
 
-from devstack.clouds import bizfly_cluster_uid
+from devstack.clouds import bizfly_in_tree_env, scaleway_in_tree_env
 from devstack.harness import REPO_ROOT, SCW_SECRET, child_env
-from simulators.bizfly import DEFAULT_USERS, BizflySimulator
+from simulators.bizfly import BizflySimulator
 from simulators.common.request_log import RecordedRequest
 from simulators.scaleway import ScalewaySimulator
 from tests.e2e.autoscaler import Autoscaler, LogEntry, write_cloud_config
 from tests.e2e.control_plane import ControlPlane
 from tests.e2e.environment import BACKEND_SYNC, AutoscalerPrograms, E2EEnvironment, Layout, OurServer
-from tests.e2e.https_intercept import InterceptingProxy
 from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
 from tests.support.gobuild import GoBuildError, binary_path
+from tests.support.https_intercept import BIZFLY_PRODUCTION_HOST, InterceptingProxy
 
 IN_TREE_CA = "cluster-autoscaler-1.36.1-intree"
 IN_TREE_PROVIDER = {"scaleway": "scaleway", "bizfly": "bizflycloud"}
-BIZFLY_PRODUCTION_HOST = "manage.bizflycloud.vn"
 # The in-tree Scaleway provider re-lists the cloud only when ListPools' Cache-Control max-age has passed
 # (60 s without the header; what Kapsule sends is not documented). Every 4 s keeps its view as fresh as
 # a couple of CA loops, so a phase settles in seconds.
@@ -151,21 +150,9 @@ class MigrationEnvironment(E2EEnvironment):
         """The variables the cluster's CA Secret holds for the in-tree provider (and the proxy settings
         that make the production Bizfly host this machine's simulator)."""
         if self.cloud == "scaleway":
-            return {
-                "CLUSTER_ID": self.scw.cluster_id,
-                "SCW_SECRET_KEY": SCW_SECRET,
-                "SCW_REGION": self.scw.region,
-                "SCW_API_URL": self.scw.url,
-            }
+            return scaleway_in_tree_env(self.scw)
         assert self.proxy is not None
-        user, password = next(iter(DEFAULT_USERS.items()))
-        return {
-            "BIZFLYCLOUD_AUTH_METHOD": "password",
-            "BIZFLYCLOUD_EMAIL": user,
-            "BIZFLYCLOUD_PASSWORD": password,
-            "CLUSTER_NAME": bizfly_cluster_uid(self.bz),
-            **self.proxy.env(),
-        }
+        return {**bizfly_in_tree_env(self.bz), **self.proxy.env()}
 
     def in_tree_cloud_config(self) -> Path | None:
         """Scaleway's cloud-config JSON as its README documents it (the 1.36.1 provider never opens it);

@@ -8,7 +8,7 @@ groups, bounds, targets and registered nodes, and its first ten loops change not
 the cluster; then a scale-up (on Bizfly, the scale-from-zero phase 1 could not do) and a scale-down
 complete. Phase 3, the rollback: the in-tree CA again, and again its first ten loops change nothing.
 Bizfly's in-tree client logs in at its production host: an intercepting HTTPS proxy plays it
-(tests/e2e/https_intercept.py). ``make test`` runs the Scaleway smoke (scale-up, switch, scale-down,
+(tests/support/https_intercept.py). ``make test`` runs the Scaleway smoke (scale-up, switch, scale-down,
 rollback); ``make e2e`` both clouds in full.
 """
 
@@ -24,7 +24,6 @@ import pytest
 from protos import externalgrpc_pb2 as pb
 from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, bizfly_pool, scaleway_pool
 from tests.e2e.migration import (
-    BIZFLY_PRODUCTION_HOST,
     GroupStatus,
     MigrationEnvironment,
     QuietWindow,
@@ -35,6 +34,7 @@ from tests.e2e.migration import (
 )
 from tests.e2e.pools import POOL_LABEL, machines, pool_size
 from tests.e2e.report import publish
+from tests.support.https_intercept import BIZFLY_PRODUCTION_HOST
 
 #: loops of the new CA watched after each switch, in which nothing may change
 QUIET_LOOPS = 10

@@ -1,7 +1,8 @@
 """An HTTPS proxy on loopback that answers for a cloud's production host, so an unmodified client reaches a simulator.
 
 The Bizfly client inside the CA (gobizfly) logs in at ``https://manage.bizflycloud.vn/api/token`` whatever
-its configuration says. A test of that client does what a corporate TLS-inspecting proxy does: the client
+its configuration says. A test of that client (the in-tree CA of the migration scenario, the upstream
+example server of the in-tree differential) does what a corporate TLS-inspecting proxy does: the client
 runs with ``HTTPS_PROXY`` naming this proxy and ``SSL_CERT_FILE`` naming a throwaway CA (Go and Python's
 OpenSSL both honour them); for ``CONNECT manage.bizflycloud.vn:443`` the proxy answers 200, terminates
 TLS with a certificate for that host signed by the throwaway CA, and relays each decrypted HTTP request
@@ -26,6 +27,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from devstack.certs import new_ca, new_leaf, write_cert, write_key
 
+# Where the in-tree Bizfly client always logs in (and fetches its service catalog).
+BIZFLY_PRODUCTION_HOST = "manage.bizflycloud.vn"
 # Headers of one hop, not passed on (RFC 9110, 7.6.1); the length is set again for the relayed body.
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "upgrade", "content-length"}
 
