@@ -18,7 +18,8 @@ from tests.e2e.control_plane import ControlPlane
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(resolve_programs().control_plane, tmp_path_factory.mktemp("kube"), scheduler=False).start()
+    workdir = tmp_path_factory.mktemp("kube")
+    plane = ControlPlane(resolve_programs().control_plane, workdir, scheduler=False, audit=True).start()
     try:
         yield plane
     finally:
