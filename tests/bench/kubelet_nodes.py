@@ -70,14 +70,12 @@ def images(index: int) -> list[dict[str, Any]]:
     while len(chosen) < MAX_IMAGES:  # workload images: a few services, many releases of each
         repository = rng.choice(WORKLOAD_REPOSITORIES)
         chosen.append((repository, f"v2.{rng.randrange(400)}.{rng.randrange(30)}", rng.randrange(40, 900)))
-    result = []
+    sized = []
     for repository, tag, mib in chosen[:MAX_IMAGES]:
-        size = mib * 1024 * 1024 + rng.randrange(1 << 20)
-        result.append(
-            {"names": [f"{repository}@sha256:{_digest(repository + tag)}", f"{repository}:{tag}"], "sizeBytes": size}
-        )
-    result.sort(key=lambda image: -int(image["sizeBytes"]))
-    return result
+        names = [f"{repository}@sha256:{_digest(repository + tag)}", f"{repository}:{tag}"]
+        sized.append((mib * 1024 * 1024 + rng.randrange(1 << 20), names))
+    sized.sort(key=lambda image: -image[0])
+    return [{"names": names, "sizeBytes": size} for size, names in sized]
 
 
 def _condition(kind: str, status: str, reason: str, message: str, now: str) -> dict[str, str]:

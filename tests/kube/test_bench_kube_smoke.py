@@ -18,7 +18,7 @@ def test_the_kubernetes_features_benchmark_measures_every_feature_set(tmp_path: 
     size = results["nodes_40"]
     assert size["nodes"] == 40 and size["groups"] == 10 and size["groups_at_zero"] == 1
     assert size["node_json_bytes"] > 10_000  # kubelet-shaped: images, conditions, managed fields
-    servers = size["servers"]
+    servers = size["runs"]["this"]["servers"]
     assert list(servers) == list(kube_features.FEATURE_SETS)
     for name, server in servers.items():
         learns = "learned_templates" in kube_features.FEATURE_SETS[name]
