@@ -59,20 +59,6 @@ def bizfly() -> Iterator[BizflySimulator]:
 
 
 @pytest.fixture
-def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
-    """Names of the Nodes a test creates; Nodes are cluster-wide, so they are deleted after the test."""
-    created: list[str] = []
-    yield created
-    core = client.CoreV1Api(admin)
-    for name in created:
-        try:
-            core.delete_node(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-
-
-@pytest.fixture
 def server_user(control_plane: ControlPlane, admin: client.ApiClient, namespace: str) -> Path:
     """A kubeconfig of a user bound to the CA's Role and ClusterRole as the chart renders them with the
     sidecar values and the features file (the sidecar runs as the CA's service account)."""

@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -32,19 +30,6 @@ from tests.kube.polling import wait_for
 COMPUTE = "5f959e0ac0b18944d0a4f13b"  # the Bizfly demo pool "compute": one running machine
 CONFIGMAP_LIMIT = 1024 * 1024  # the API server refuses a ConfigMap whose data is larger
 POOLS, POOLS_AT_ZERO = 150, 10
-
-
-@pytest.fixture
-def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    core = client.CoreV1Api(admin)
-    for name in created:
-        try:
-            core.delete_node(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
 
 
 def create_node(
