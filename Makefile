@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install native-test protos protos-check run build test unit integration conformance e2e kube lint typecheck bench soak clean image deploy-check
+.PHONY: install native-test protos protos-check run build test unit integration conformance e2e kube lint typecheck bench bench-kube soak clean image deploy-check
 
 # Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
 # prints (a folder named like the package may shadow it) is filtered out; errors still show.
@@ -113,6 +113,13 @@ test: build native-test
 bench: GO_BUILD_GROUPS = bench
 bench: build
 	$(PY) -m tests.bench.run $(BENCH_ARGS)
+
+# What the Kubernetes features cost at cluster scale: our server with each feature set against a real
+# kube-apiserver and etcd holding 1,000, 5,000 and 20,000 kubelet-shaped Nodes (tests/bench/README.md).
+# make test runs a 40-node smoke of it (tests/kube/test_bench_kube_smoke.py).
+bench-kube: GO_BUILD_GROUPS = e2e
+bench-kube: build
+	$(PY) -m tests.bench.kube_features $(BENCH_KUBE_ARGS)
 
 soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600

@@ -478,7 +478,10 @@ class Backend:
         if learned is not None and _machine_type_changed(learned.template, cloud):
             # The pool now makes another machine type: the last node no longer describes a new one.
             learned = None
-        base, source = (learned.template, learned.source) if learned is not None else (cloud, "cloud")
+        base: NodeTemplate | None = cloud
+        source = "cloud"
+        if learned is not None:
+            base, source = learned_over_cloud(learned.template, cloud), learned.source
         override = self._template_overrides.get(group_id)
         if override is not None:
             template = override(base)
@@ -954,6 +957,22 @@ class Backend:
 
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def learned_over_cloud(learned: NodeTemplate, cloud: NodeTemplate | None) -> NodeTemplate:
+    """A learned template served with the cloud's pool definition: resources from the real node, labels
+    and taints of both, the cloud's winning where they name the same key. So a label or taint the pool
+    gains, changes or drops while the group is at zero shows at once, and a node's stale value of a pool
+    label never hides the pool's."""
+    if cloud is None:
+        return learned
+    defined = {t.key for t in cloud.taints}
+    return NodeTemplate(
+        labels={**learned.labels, **cloud.labels},
+        taints=(*cloud.taints, *(t for t in learned.taints if t.key not in defined)),
+        capacity=learned.capacity,
+        allocatable=learned.allocatable,
+    )
 
 
 def _machine_type_changed(learned: NodeTemplate, cloud: NodeTemplate | None) -> bool:

@@ -134,16 +134,6 @@ def register_a_node(admin: client.ApiClient, cloud: ScalewaySimulator, created: 
     return str(ref["name"])
 
 
-@pytest.fixture
-def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
-    """Nodes are cluster-wide: the ones a test creates are deleted after it."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        with contextlib.suppress(ApiException):
-            client.CoreV1Api(admin).delete_node(name)
-
-
 def scale_up_and_see_every_feature_work(
     server: ServerProcess, cloud: ScalewaySimulator, admin: client.ApiClient, namespace: str, nodes: list[str]
 ) -> None:

@@ -94,6 +94,9 @@ def run_cli(*args, env=None):
             "backends[0].sync.max_staleness",
         ),
         ({"backends": [{**scaleway(), "sync": {"follow_refresh": "sometimes"}}]}, "backends[0].sync.follow_refresh"),
+        (config(kubernetes={"learned_templates": {"labels": ["Not A Key"]}}), "kubernetes.learned_templates.labels"),
+        (config(kubernetes={"learned_templates": {"taints": "maintenance"}}), "kubernetes.learned_templates.taints"),
+        (config(kubernetes={"learned_templates": {"forget_after": 60}}), "kubernetes.learned_templates.forget_after"),
     ],
 )
 def test_a_bad_value_names_its_key_and_a_fix(raw, key):

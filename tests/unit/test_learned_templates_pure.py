@@ -7,60 +7,117 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from providers.backend import Backend
 from providers.deadline import Deadline
 from providers.model import CloudListing, GroupState, Instance, LearnedTemplate, NodeRef, NodeTemplate, Taint
 from server.config import TemplateOverride
-from server.kube.templates import BadRecord, decode_learned, encode_learned, template_from_node
+from server.kube.settings import LearnedTemplatesConfig
+from server.kube.templates import (
+    BadRecord,
+    LearningRules,
+    NodeFields,
+    decode_learned,
+    encode_learned,
+    fit_in_budget,
+    node_fields,
+    template_from_node,
+)
 
 NAME = "big-ke1m4ea3-node-1b7o259o"
 PHYSICAL = "380208a9-ad45-423d-bb1a-11df587fd280"
 
 
-def node(ready: str = "True", deleting: bool = False, **labels: str) -> client.V1Node:
-    return client.V1Node(
-        metadata=client.V1ObjectMeta(
-            name=NAME,
-            labels={
-                "kubernetes.io/hostname": NAME,
-                "bke.bizflycloud.vn/node-id": "37730edf",
-                "bke.bizflycloud.vn/pool-name": "big",
-                "node.kubernetes.io/instance-type": "nix.4c_16g",
-                "example.com/machine": PHYSICAL,  # names the machine by its server id: per node
-                **labels,
+def node(ready: str = "True", deleting: bool = False, **labels: str) -> NodeFields:
+    """A Node's JSON as the API server sends it, read the way the learner reads it."""
+    return node_fields(
+        {
+            "metadata": {
+                "name": NAME,
+                "labels": {
+                    "kubernetes.io/hostname": NAME,
+                    "bke.bizflycloud.vn/node-id": "37730edf",
+                    "bke.bizflycloud.vn/pool-name": "big",
+                    "node.kubernetes.io/instance-type": "nix.4c_16g",
+                    "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true",
+                    "feature.node.kubernetes.io/machine-uuid": PHYSICAL,  # names the machine by its id: per node
+                    "maintenance": "planned",  # put on this node by hand: not a property of the group
+                    **labels,
+                },
+                **({"deletionTimestamp": "2026-12-03T18:00:00Z"} if deleting else {}),
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
             },
-            deletion_timestamp="2026-12-03T18:00:00Z" if deleting else None,
-        ),
-        spec=client.V1NodeSpec(
-            provider_id=f"bizflycloud://{PHYSICAL}",
-            taints=[
-                client.V1Taint(key="dedicated", value="big", effect="NoSchedule"),
-                client.V1Taint(key="node.kubernetes.io/not-ready", effect="NoExecute"),
-                client.V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute"),
-                client.V1Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule"),
-                client.V1Taint(key="ToBeDeletedByClusterAutoscaler", value="1764780000", effect="NoSchedule"),
-                client.V1Taint(key="DeletionCandidateOfClusterAutoscaler", value="1", effect="PreferNoSchedule"),
-                client.V1Taint(key="node.cloudprovider.kubernetes.io/uninitialized", value="true", effect="NoSchedule"),
-                client.V1Taint(key="startup-taint.cluster-autoscaler.kubernetes.io/csi", effect="NoSchedule"),
-            ],
-        ),
-        status=client.V1NodeStatus(
-            capacity={"cpu": "4", "memory": "16384Mi", "pods": "110"},
-            allocatable={"cpu": "3900m", "memory": "14645Mi", "pods": "110"},
-            conditions=[client.V1NodeCondition(type="Ready", status=ready)],
-        ),
+            "spec": {
+                "providerID": f"bizflycloud://{PHYSICAL}",
+                "taints": [
+                    {"key": "dedicated", "value": "big", "effect": "NoSchedule"},
+                    {"key": "storage.example.com/local-ssd", "value": "pending", "effect": "PreferNoSchedule"},
+                    {"key": "maintenance.example.com/drain", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"},
+                    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+                    {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+                    {"key": "ToBeDeletedByClusterAutoscaler", "value": "1764780000", "effect": "NoSchedule"},
+                    {"key": "DeletionCandidateOfClusterAutoscaler", "value": "1", "effect": "PreferNoSchedule"},
+                    {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"},
+                    {"key": "startup-taint.cluster-autoscaler.kubernetes.io/csi", "effect": "NoSchedule"},
+                ],
+            },
+            "status": {
+                "capacity": {"cpu": "4", "memory": "16384Mi", "pods": "110"},
+                "allocatable": {"cpu": "3900m", "memory": "14645Mi", "pods": "110"},
+                "conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready}],
+                "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 1}],
+            },
+        }
     )
 
 
-def test_a_ready_node_teaches_its_group_labels_taints_and_resources_without_what_names_it() -> None:
-    template = template_from_node(node())
+# Learning the taint a DaemonSet adds at join, besides the default labels and the operator's own prefix.
+RULES = LearningRules.of(
+    LearnedTemplatesConfig(labels=["example.com/tier"], taints=["storage.example.com/", "node.kubernetes.io/"])
+)
+
+
+def test_a_ready_node_teaches_the_allowlisted_labels_and_the_configured_taints_and_its_resources() -> None:
+    template = template_from_node(node(**{"example.com/tier": "gold", "example.com/owner": "alice"}), RULES)
     assert template is not None
-    assert template.labels == {"bke.bizflycloud.vn/pool-name": "big", "node.kubernetes.io/instance-type": "nix.4c_16g"}
-    assert template.taints == (Taint("dedicated", "big", "NoSchedule"),)
+    assert template.labels == {
+        "bke.bizflycloud.vn/pool-name": "big",
+        "node.kubernetes.io/instance-type": "nix.4c_16g",
+        "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true",
+        "example.com/tier": "gold",
+    }
+    # Configured taint prefixes never bring back a condition's taint, and a hand-put taint stays out.
+    assert template.taints == (Taint("storage.example.com/local-ssd", "pending", "PreferNoSchedule"),)
     assert template.allocatable == {"cpu": "3900m", "memory": "14645Mi", "pods": "110"}
     assert template.capacity["memory"] == "16384Mi"
+
+
+def test_without_configuration_a_node_teaches_no_taint_and_no_label_outside_the_allowlist() -> None:
+    template = template_from_node(node())
+    assert template is not None
+    assert template.taints == ()
+    assert "maintenance" not in template.labels and "kubernetes.io/hostname" not in template.labels
+
+
+def test_a_record_stored_with_junk_is_cut_down_to_what_the_rules_learn() -> None:
+    junk = NodeTemplate(
+        {"maintenance": "planned", "kubernetes.io/arch": "amd64"},
+        (Taint("maintenance.example.com/drain", "", "NoSchedule"), Taint("storage.example.com/x", "", "NoSchedule")),
+        {"cpu": "4", "memory": "1Gi"},
+        {"cpu": "4", "memory": "1Gi"},
+    )
+    kept = RULES.filter(junk)
+    assert kept.labels == {"kubernetes.io/arch": "amd64"}
+    assert kept.taints == (Taint("storage.example.com/x", "", "NoSchedule"),)
+
+
+def test_records_beyond_the_configmap_limit_leave_out_groups_with_nodes_first() -> None:
+    records = {f"g{i}": "x" * 100 for i in range(10)}
+    kept, left_out = fit_in_budget(records, lambda gid: gid in ("g7", "g8"), budget=330)
+    assert set(kept) >= {"g7", "g8"} and len(kept) == 3
+    assert len(left_out) == 7 and sum(len(k) + len(v) for k, v in kept.items()) <= 330
+    assert fit_in_budget(records, lambda gid: False) == (records, [])
 
 
 @pytest.mark.parametrize(("ready", "deleting"), [("False", False), ("Unknown", False), ("True", True)])
@@ -147,6 +204,23 @@ def test_override_keys_win_over_the_learned_template_key_by_key() -> None:
     assert template.labels["tier"] == "gold" and template.labels["nfd"] == "yes"
     assert template.taints == LEARNED.template.taints
     assert b.template_source("big") == f"override over learned from node {NAME} at 2026-12-03T18:00:00Z"
+
+
+def test_the_pools_own_labels_and_taints_win_over_the_learned_ones_and_follow_the_pool_at_zero() -> None:
+    pool = NodeTemplate(
+        {"node.kubernetes.io/instance-type": "nix.4c_16g", "workload": "huge"},  # the pool's label changed
+        (Taint("dedicated", "huge", "NoExecute"), Taint("gpu", "", "NoSchedule")),
+        {"cpu": "4", "memory": "16384Mi"},
+        {"cpu": "3920m", "memory": "13622Mi"},
+    )
+    b, _ = backend(cloud=pool)
+    b.set_learned_template("big", LEARNED)
+    template = b.template("big")
+    assert template is not None
+    assert template.labels == {"node.kubernetes.io/instance-type": "nix.4c_16g", "workload": "huge", "nfd": "yes"}
+    assert template.taints == pool.taints  # the pool defines "dedicated": its value wins
+    assert template.allocatable == LEARNED.template.allocatable  # what the real node reported
+    assert b.template_source("big").startswith("learned from node")
 
 
 def test_a_pool_that_now_makes_another_machine_type_falls_back_to_the_cloud() -> None:
