@@ -167,8 +167,10 @@ class TLSConfig(ConfigModel):
 
 class ServingConfig(ConfigModel):
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
-    # gRPC port, answers the hot reads and forwards the rest to grpcio (server/native_front.py).
-    engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "native"  # type: ignore[valid-type]
+    # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py); it is a
+    # wheel of its own, so a plain `pip install` may not have it. auto: native when it is installed,
+    # else grpcio with one log line saying so (server/app.py, choose_engine).
+    engine: one_of(("auto", "grpcio", "native"), "serving engine", normalise=str.lower) = "auto"  # type: ignore[valid-type]
 
 
 class LogConfig(ConfigModel):
