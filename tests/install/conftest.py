@@ -7,16 +7,15 @@ missing wheels with "run make wheels". Without podman on the machine the image t
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devstack.container import default_image, image_problem
 from simulators.bizfly import BizflySimulator
 from simulators.common import WallClock
 from simulators.scaleway import ScalewaySimulator
+from tests.support.container_image import built_image
 
 REPO = Path(__file__).resolve().parents[2]
 DIST = REPO / "dist"
@@ -49,13 +48,7 @@ BIZFLY_SCENARIO = {
 @pytest.fixture(scope="session")
 def image() -> str:
     """The image of this checkout's sources, as ``make image`` tagged it."""
-    if shutil.which("podman") is None:
-        pytest.skip("podman is not installed (apt-get install -y podman runc mmdebstrap), so no image to run")
-    name = default_image()
-    problem = image_problem(name)
-    if problem:
-        pytest.fail(problem, pytrace=False)
-    return name
+    return built_image()
 
 
 @pytest.fixture
