@@ -112,6 +112,12 @@ e2e: GO_BUILD_GROUPS = e2e
 e2e: build
 	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS)
 
+# The e2e smoke's scale-up and scale-down with the server as the container image (tests/e2e/test_image.py,
+# needs podman). make test runs it too whenever podman is installed.
+e2e-image: GO_BUILD_GROUPS = e2e
+e2e-image: build image
+	$(PY) -m pytest -q tests/e2e/test_image.py
+
 # The optional Kubernetes features (leader election, journal, learned templates, Events) against a real
 # kube-apiserver and etcd that authorize by RBAC (tests/kube). make test runs them too.
 kube: GO_BUILD_GROUPS = e2e
@@ -124,8 +130,11 @@ native-test: install
 	cd native && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings && cargo test --release
 
 # Every test with the default serving engine (native), then the gRPC tests (tests/integration, which
-# runs the conformance lab too) again on the pure-Python engine (grpcio).
-test: build native-test
+# runs the conformance lab too) again on the pure-Python engine (grpcio). The wheels are built first
+# for tests/install's pip installation, and, when podman is installed, the image for the container
+# tests (tests/install, tests/e2e/test_image.py); without podman those are skipped.
+PODMAN := $(shell command -v podman 2>/dev/null)
+test: build native-test wheels $(if $(PODMAN),image)
 	$(PY) -m pytest -q tests
 	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration
 
