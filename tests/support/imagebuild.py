@@ -306,28 +306,41 @@ STAGE_START = re.compile(r"^\[(\d+)/\d+\] STEP 1/\d+: FROM \S+(?: AS (\S+))?", r
 STEP_LINE = re.compile(r"^\[(\d+)/\d+\] STEP ")
 
 
+class StageTracker:
+    """Which stage of the Dockerfile podman build is in, from its progress lines."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.current = ""
+
+    def feed(self, line: str) -> None:
+        if started := STAGE_START.match(line):
+            self.names[started.group(1)] = started.group(2) or f"#{started.group(1)}"
+        if step := STEP_LINE.match(line):
+            self.current = step.group(1)
+
+    @property
+    def stage(self) -> str:
+        return self.names.get(self.current, "?")
+
+
 def build(image: str, build_args: dict[str, str]) -> None:
     argv = ["podman", "build", "--file", str(DOCKERFILE), "--tag", image, "--layers"]
     argv += [f"--build-arg={k}={v}" for k, v in build_args.items()]
     argv += [f"--label={SOURCE_LABEL}={source_digest()}", str(REPO)]
     log(f"podman build of {DOCKERFILE.relative_to(REPO)} into {image}; progress below")
-    names: dict[str, str] = {}
-    current = ""
+    stages = StageTracker()
     with subprocess.Popen(
         argv, env=podman_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
     ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
-            if started := STAGE_START.match(line):
-                names[started.group(1)] = started.group(2) or f"#{started.group(1)}"
-            if step := STEP_LINE.match(line):
-                current = step.group(1)
+            stages.feed(line)
         code = proc.wait()
     if code != 0:
-        stage = names.get(current, "?")
         raise ImageBuildError(
-            f"the Dockerfile's stage {stage!r} failed (podman build exited with {code}; output above)"
+            f"the Dockerfile's stage {stages.stage!r} failed (podman build exited with {code}; output above)"
         )
 
 
