@@ -40,8 +40,13 @@ GRPCIO_LINE = "serving on the grpcio engine (serving.engine: auto)"
 PIP_TIMEOUT_SECONDS = 400
 
 
-def newest_source(*trees: str) -> float:
-    return max(p.stat().st_mtime for tree in trees for p in (REPO / tree).rglob("*") if p.is_file())
+#: what a wheel is built from (byte-code the tests write into the source folders is not)
+SOURCE_SUFFIXES = {".py", ".pyi", ".rs", ".toml", ".lock"}
+
+
+def newest_source(*paths: str) -> float:
+    files = [f for path in paths for f in [REPO / path, *(REPO / path).rglob("*")] if f.is_file()]
+    return max(f.stat().st_mtime for f in files if f.suffix in SOURCE_SUFFIXES and "__pycache__" not in f.parts)
 
 
 def built_wheel(pattern: str, *sources: str) -> Path:
