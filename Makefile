@@ -146,7 +146,7 @@ soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist
 
 # The container image (deploy/Dockerfile) with podman: base images made from Debian packages with
 # mmdebstrap (no image registry needed) and the native engine's wheel from make wheels, or with
