@@ -171,8 +171,10 @@ class ServingConfig(ConfigModel):
     """The gRPC port: which engine serves it, and what one client may hold (docs/operations.md)."""
 
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
-    # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py).
-    engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "native"  # type: ignore[valid-type]
+    # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py); it is a
+    # wheel of its own, so a plain `pip install` may not have it. auto: native when it is installed,
+    # else grpcio with one log line saying so (server/app.py, choose_engine).
+    engine: one_of(("auto", "grpcio", "native"), "serving engine", normalise=str.lower) = "auto"  # type: ignore[valid-type]
     # Open client connections; at the limit the longest-idle one is closed for a new one.
     max_connections: whole_number(1, 100_000, 256) = 256  # type: ignore[valid-type]
     max_concurrent_streams: whole_number(1, 10_000, 100) = 100  # type: ignore[valid-type]

@@ -1,4 +1,4 @@
-"""The native serving engine (``serving.engine: native``, the default): a Rust front, no grpcio.
+"""The native serving engine (``serving.engine: native``, and ``auto`` when installed): a Rust front, no grpcio.
 
 grpcio costs about 500 µs per call here whatever the handler does, twice grpc-go, and the CA's loop is
 thousands of strictly sequential reads; grpcio also costs about 15 MiB of RSS (docs/performance.md).
@@ -42,18 +42,24 @@ log = logging.getLogger(__name__)
 NativeCalls = list[tuple[str, str, int, list[int], float]]
 
 
+#: how to get the extension, for every message that says it is missing
+INSTALL_NATIVE = (
+    "install the server with its native extra, pip install 'ca-externalgrpc-server[native]' (the "
+    "ca-externalgrpc-native wheel, which make wheels builds), or run make install in a checkout"
+)
+
+
 class NativeEngineMissing(ImportError):
-    """The extension is not installed in this environment."""
+    """The extension is not installed in this environment (or does not load here)."""
 
 
 def load_extension() -> Any:
     try:
         import ca_externalgrpc_native
     except ImportError as err:
-        raise NativeEngineMissing(
-            f"the native serving engine is not installed ({err}); run `make install` (builds native/ with "
-            "Rust and maturin) or set serving.engine: grpcio"
-        ) from None
+        # ImportError also covers an extension that is there but cannot load (a glibc older than the
+        # one it was linked against): the reason says which.
+        raise NativeEngineMissing(f"the native serving engine is not installed ({err})") from None
     return ca_externalgrpc_native
 
 

@@ -149,12 +149,21 @@ pub async fn watch_stream(mut statuses: watch::Receiver<Option<i32>>, stream: gr
             }
             last = Some(current);
         }
-        tokio::select! {
-            changed = statuses.changed() => if changed.is_err() { break Status::new(grpc::UNAVAILABLE, "the server is stopping") },
-            _ = stopping.wait_for(Option::is_some) => break Status::new(grpc::UNAVAILABLE, "the server is stopping"),
+        let stopped = tokio::select! {
+            changed = statuses.changed() => if changed.is_err() { break Status::new(grpc::UNAVAILABLE, "the server is stopping") } else { false },
+            _ = stopping.wait_for(Option::is_some) => true,
             _ = conn.going_away() => break Status::new(grpc::UNAVAILABLE, "the server is closing this connection; watch again"),
             () = tokio::time::sleep_until(until) => break expired(),
             () = stream.closed() => return,
+        };
+        if stopped {
+            // A drain sets NOT_SERVING just before the front stops, and select! picks either branch
+            // when both are ready: send the last status first, so that the client sees it.
+            let current = statuses.borrow_and_update().unwrap_or(SERVICE_UNKNOWN);
+            if last != Some(current) && !stream.send(&response(current)).await {
+                return;
+            }
+            break Status::new(grpc::UNAVAILABLE, "the server is stopping");
         }
     };
     stream.finish(end).await;
@@ -255,6 +264,29 @@ mod tests {
         assert_eq!(seen.last().unwrap(), "message [8, 2]", "{seen:?}");
         stop.send(Some(Duration::ZERO)).unwrap();
         assert_eq!(next(&mut body).await, "status \"14\"");
+    }
+
+    #[tokio::test]
+    async fn a_watch_sees_not_serving_when_a_drain_stops_the_front_at_once() {
+        // Shutdown and stop come together; many rounds, since select! picks a ready branch at random.
+        for _ in 0..64 {
+            let h = Health::default();
+            h.set("", 1);
+            let (stop, stopping) = watch::channel(None);
+            let (response, stream) = grpc::streamed();
+            let mut body = response.into_body();
+            let ends = Ends {
+                deadline: None,
+                stopping,
+                conn: Conn::detached(),
+            };
+            tokio::spawn(watch_stream(h.watch(""), stream, ends));
+            assert_eq!(next(&mut body).await, "message [8, 1]");
+            h.shutdown();
+            stop.send(Some(Duration::ZERO)).unwrap();
+            assert_eq!(next(&mut body).await, "message [8, 2]");
+            assert_eq!(next(&mut body).await, "status \"14\"");
+        }
     }
 
     #[tokio::test]
