@@ -55,6 +55,7 @@ from providers.model import (
     NodeRef,
     NodeTemplate,
 )
+from providers.node_labels import GroupLabels, machine_names
 from providers.single_flight import Flight, SingleFlight
 
 log = logging.getLogger(__name__)
@@ -143,11 +144,14 @@ class Backend:
         settings: SyncSettings | None = None,
         template_overrides: Mapping[str, Callable[[NodeTemplate | None], NodeTemplate | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        group_labels: GroupLabels | None = None,
     ) -> None:
         self.name = name
         self.adapter = adapter
         self.settings = settings or SyncSettings()
         self._template_overrides = dict(template_overrides or {})
+        # Which labels of a real node the CA shows (observe_node) describe its group (providers/node_labels.py).
+        self._group_labels = group_labels or GroupLabels()
         self._clock = clock
         self._snapshot = Snapshot.empty()
         self._books: dict[str, GroupBook] = {}
@@ -430,14 +434,18 @@ class Backend:
         book = self._books.get(group_id)
         return (self._snapshot.version, book.changed_at if book is not None else 0.0)
 
-    def observe_node(self, group_id: str, labels: Mapping[str, str]) -> bool:
-        """Remember the labels a real node of the group carries (templates for scale-from-zero).
+    def observe_node(
+        self, group_id: str, labels: Mapping[str, str], node_name: str = "", provider_id: str = ""
+    ) -> bool:
+        """Remember the labels of a real node of the group that describe the group (templates for
+        scale-from-zero): a label put on that one node (``maintenance=true``), or naming it, is dropped.
 
         Returns True when they differ from what was known (so cached templates must be rebuilt).
         """
-        if not labels or self._observed_labels.get(group_id) == labels:
+        kept = self._group_labels.keep(labels, machine_names(node_name, provider_id))
+        if not kept or self._observed_labels.get(group_id) == kept:
             return False
-        self._observed_labels[group_id] = dict(labels)
+        self._observed_labels[group_id] = kept
         return True
 
     def set_learned_template(self, group_id: str, learned: LearnedTemplate | None) -> None:

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from providers.backend import Backend
 from providers.config_errors import ConfigError
+from providers.node_labels import GroupLabels
 from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
@@ -76,10 +77,12 @@ def register_secrets(config: ServerConfig) -> None:
 
 def build_backends(config: ServerConfig) -> list[Backend]:
     backends = []
+    # One rule for the labels a real node teaches about its group, here and in learned templates.
+    group_labels = GroupLabels.with_extra(config.kubernetes.learned_templates.labels)
     for bc in config.backends:
         adapter = cloud_type(bc.type).build_adapter(bc.cloud)
         overrides = {gid: g.template for gid, g in bc.groups.items() if g.template is not None}
-        backend = Backend(bc.name, adapter, bc.sync, template_overrides=overrides)
+        backend = Backend(bc.name, adapter, bc.sync, template_overrides=overrides, group_labels=group_labels)
         if bc.groups:
             backend.listeners.append(UnmatchedOverrideCheck(bc.groups))
         backends.append(backend)

@@ -284,7 +284,7 @@ class CloudProviderService:
             if self._observed.get(gid) != version:
                 # A real node of this group: remember its labels for scale-from-zero templates.
                 self._observed[gid] = version
-                backend.observe_node(gid, dict(node.labels))
+                backend.observe_node(gid, dict(node.labels), node.name, node.providerID)
             if self.on_labels_recorded is not None:
                 self.on_labels_recorded(gid)
         return response

@@ -3,13 +3,12 @@
 The ``kubernetes`` client is imported here only, and only when a feature is on: a server without
 them neither loads it nor needs any RBAC.
 
-Two ways through it. ``request``, ``request_bytes`` and ``stream_lines`` use the client's
+Every feature goes through ``request``, ``request_bytes`` and ``stream_lines``: they use the client's
 ``ApiClient`` (kubeconfig or service-account credentials, TLS, the bearer token and its refresh, the
-urllib3 pool) and hand back the answer's JSON or bytes: no generated API class and no model class is
-imported or built. ``core()`` and ``coordination()`` are the generated ``CoreV1Api`` and
-``CoordinationV1Api``: importing one of them loads about 250 model modules (about 22 MiB of RSS in a
-fresh interpreter, measured in docs/kubernetes.md, "Memory"), and every answer is turned into model
-objects. New code uses the raw calls.
+urllib3 pool) and hand back the answer's JSON or bytes. No generated API class (``CoreV1Api``,
+``CoordinationV1Api``) and no model class is imported or built: importing one API class loads about 250
+model modules, about 21 MiB of RSS (docs/kubernetes.md, "Memory and CPU"), and every answer would be
+turned into model objects. The bodies sent are the API's JSON, written as plain dicts.
 """
 
 from __future__ import annotations
@@ -82,9 +81,25 @@ class KubeConnection:
         ``reason``, ``body``), as the generated API classes do; a connection failure or timeout raises
         urllib3's error. ``timeout`` defaults to ``kubernetes.request_timeout``; nothing is retried.
         """
-        data = self.request_bytes(method, path, query=query, body=body, timeout=timeout, content_type=content_type)
+        return self.request_with_headers(
+            method, path, query=query, body=body, timeout=timeout, content_type=content_type
+        )[0]
+
+    def request_with_headers(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Query | None = None,
+        body: Mapping[str, Any] | None = None,
+        timeout: Timeout | None = None,
+        content_type: str = JSON,
+    ) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """As ``request``, with the answer's headers (the journal reads the API server's clock from ``Date``;
+        the ``ApiException`` of a non-2xx answer carries them as ``headers``)."""
+        data, headers = self._exchange(method, path, query, body, timeout, content_type)
         parsed = json.loads(data) if data else {}
-        return parsed if isinstance(parsed, dict) else {"value": parsed}
+        return (parsed if isinstance(parsed, dict) else {"value": parsed}), headers
 
     def request_bytes(
         self,
@@ -97,9 +112,20 @@ class KubeConnection:
         content_type: str = JSON,
     ) -> bytes:
         """As ``request``, the answer's body undecoded (for a caller that decodes only the fields it uses)."""
+        return self._exchange(method, path, query, body, timeout, content_type)[0]
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        query: Query | None,
+        body: Mapping[str, Any] | None,
+        timeout: Timeout | None,
+        content_type: str,
+    ) -> tuple[bytes, Mapping[str, str]]:
         response = self._send(method, path, query, body, timeout, content_type)
         try:
-            return bytes(response.data)
+            return bytes(response.data), response.headers
         finally:
             response.release_conn()  # read to its end: the connection goes back to the pool
 
@@ -154,17 +180,6 @@ class KubeConnection:
                 answer.response.release_conn()
             raise ApiException.from_response(http_resp=answer, body=answer.data.decode("utf-8", "replace"), data=None)
         return answer.response  # the client asks urllib3 with preload_content=False: nothing read yet
-
-    # ------------------------------------------------------------------ the generated API classes
-    def core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self.api)
-
-    def coordination(self) -> Any:
-        from kubernetes import client
-
-        return client.CoordinationV1Api(self.api)
 
     def close(self) -> None:
         self.api.close()

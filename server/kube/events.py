@@ -37,7 +37,8 @@ from providers.errors import (
 )
 from providers.model import InstanceState, NodeRef
 from providers.registry import Registry
-from server.kube.client import KubeConnection
+from server.kube.calls import api_status
+from server.kube.client import MERGE_PATCH, KubeConnection, core_path
 from server.kube.settings import EventsConfig
 from server.logs import redact
 from server.metrics import PREFIX
@@ -526,15 +527,15 @@ class EventRecorder:
                 extra={"what": what, "error": _api_error(err), "failures": self._api_failures},
             )
 
-    def _event_body(self, series: EventSeries, name: str) -> Any:
-        from kubernetes import client
-
+    def _event_body(self, series: EventSeries, name: str) -> dict[str, Any]:
         spec = series.spec
         namespace = self.connection.namespace
         involved = {"apiVersion": "v1", "kind": "ConfigMap", "name": self.config.object_name, "namespace": namespace}
         if self._object_uid:
             involved["uid"] = self._object_uid  # kubectl describe finds Events by the object's uid
         body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved,
             "reason": spec.reason,
@@ -550,12 +551,10 @@ class EventRecorder:
         }
         if spec.related_node:
             body["related"] = {"apiVersion": "v1", "kind": "Node", "name": spec.related_node}
-        return client.CoreV1Event.from_dict(body)
+        return body
 
     def _write_event(self, series: EventSeries) -> None:
-        from kubernetes.client.rest import ApiException
-
-        core = self.connection.core()
+        connection = self.connection
         namespace = self.connection.namespace
         count = series.count
         timeout = self.connection.request_timeout
@@ -563,22 +562,23 @@ class EventRecorder:
             if series.name:
                 patch = {"count": count, "lastTimestamp": _timestamp(series.last_seen)}
                 try:
-                    core.patch_namespaced_event(
-                        series.name,
-                        namespace,
-                        patch,
-                        _request_timeout=timeout,
-                        _content_type="application/merge-patch+json",
+                    connection.request(
+                        "PATCH",
+                        core_path("events", namespace, series.name),
+                        body=patch,
+                        timeout=timeout,
+                        content_type=MERGE_PATCH,
                     )
                     self._book.written(series, series.name, count)
                     self.metrics.written.labels(series.spec.reason, "patch").inc()
                     return
-                except ApiException as err:
-                    if err.status != 404:
+                except Exception as err:
+                    if api_status(err) != 404:
                         raise
                     # The Event expired (the API server keeps them about an hour): a new one carries the count.
             name = f"{self.config.object_name}.{time.time_ns():x}"
-            core.create_namespaced_event(namespace, self._event_body(series, name), _request_timeout=timeout)
+            body = self._event_body(series, name)
+            connection.request("POST", core_path("events", namespace), body=body, timeout=timeout)
             self._book.written(series, name, count)
             self.metrics.written.labels(series.spec.reason, "create").inc()
         except Exception as err:  # ApiException, connection errors, timeouts: the Event is lost, counted
@@ -588,36 +588,35 @@ class EventRecorder:
 
     def _write_status(self, now: float, force: bool = False) -> None:
         """Create or update the status ConfigMap when its text changed (or, ``force``, to learn its uid)."""
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
         self._status_dirty.clear()
         text = render_status(self.backends)
         if text == self._status_text and not force:
             return
-        core = self.connection.core()
-        namespace, name = self.connection.namespace, self.config.object_name
-        timeout = self.connection.request_timeout
+        connection = self.connection
+        namespace, name = connection.namespace, self.config.object_name
+        timeout = connection.request_timeout
         stamp = _timestamp(time.time())
-        meta = client.V1ObjectMeta(
-            name=name,
-            namespace=namespace,
-            labels={"app.kubernetes.io/managed-by": COMPONENT},
-            annotations={"ca-externalgrpc/updated": stamp, "ca-externalgrpc/updated-by": self.connection.identity},
-        )
-        body = client.V1ConfigMap(metadata=meta, data={"status": text})
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": COMPONENT},
+            "annotations": {"ca-externalgrpc/updated": stamp, "ca-externalgrpc/updated-by": connection.identity},
+        }
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"status": text}}
+        path = core_path("configmaps", namespace, name)
         try:
             try:
                 if not self._object_version:
-                    current = core.read_namespaced_config_map(name, namespace, _request_timeout=timeout)
-                    self._object_version = current.metadata.resource_version
-                meta.resource_version = self._object_version
-                saved = core.replace_namespaced_config_map(name, namespace, body, _request_timeout=timeout)
-            except ApiException as err:
-                if err.status == 404:
-                    meta.resource_version = None
-                    saved = core.create_namespaced_config_map(namespace, body, _request_timeout=timeout)
-                elif err.status == 409:  # changed by someone else since our read: read again next time
+                    current = connection.request("GET", path, timeout=timeout)
+                    self._object_version = current["metadata"]["resourceVersion"]
+                meta["resourceVersion"] = self._object_version  # changed since the read: 409
+                saved = connection.request("PUT", path, body=body, timeout=timeout)
+            except Exception as err:
+                status = api_status(err)
+                if status == 404:
+                    meta.pop("resourceVersion", None)
+                    saved = connection.request("POST", core_path("configmaps", namespace), body=body, timeout=timeout)
+                elif status == 409:  # changed by someone else since our read: read again next time
                     self._object_version = ""
                     self._status_dirty.set()
                     return
@@ -629,8 +628,8 @@ class EventRecorder:
             self._status_dirty.set()
             self._api_failed("status ConfigMap", err)
             return
-        self._object_uid = saved.metadata.uid
-        self._object_version = saved.metadata.resource_version
+        self._object_uid = saved["metadata"]["uid"]
+        self._object_version = saved["metadata"]["resourceVersion"]
         self._status_text = text
         self._status_written_at = now
 

@@ -55,7 +55,7 @@ from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import JournalUnavailable
 from providers.registry import Registry
 from server.kube.calls import ApiCall, api_status
-from server.kube.client import KubeConnection
+from server.kube.client import KubeConnection, core_path
 from server.kube.settings import JournalConfig
 from server.logs import redact
 
@@ -76,6 +76,8 @@ READ_SHARE = 1 / 3
 RECORD_SHARE = 1 / 2
 # An entry of a node group its backend no longer serves is dropped by the next record once this old.
 PRUNE_AFTER = 600.0
+# The journal ConfigMap's labels.
+_LABELS = {"app.kubernetes.io/name": "ca-externalgrpc", "app.kubernetes.io/component": "change-journal"}
 # ConfigMap data keys allow these characters only.
 _KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
@@ -175,7 +177,7 @@ class Journal:
         self.name = settings.configmap
         self.identity = connection.identity
         self.request_timeout = connection.request_timeout
-        self._core = connection.core()
+        self._connection = connection
         self._observe = observe
         self.wall_clock = wall_clock
         self._copy: _Copy | None = None
@@ -263,39 +265,36 @@ class Journal:
     def read(self, until: float) -> _Copy:
         def get(timeout: float) -> _Copy:
             try:
-                found, _, headers = self._core.read_namespaced_config_map_with_http_info(
-                    self.name, self.namespace, _request_timeout=timeout
+                found, headers = self._connection.request_with_headers(
+                    "GET", core_path("configmaps", self.namespace, self.name), timeout=timeout
                 )
             except Exception as err:
                 if api_status(err) == 404:
                     return _Copy(None, {}, self._answered(getattr(err, "headers", None)))
                 raise
-            return _Copy(found.metadata.resource_version, dict(found.data or {}), self._answered(headers))
+            return self._copy_of(found, headers)
 
         copy: _Copy = self._call(f"read {self.where}", get, until)
         with self._copy_lock:
             self._copy = copy
         return copy
 
-    def _write(self, base: _Copy, data: dict[str, str], until: float) -> _Copy:
-        from kubernetes import client
+    def _copy_of(self, configmap: Mapping[str, Any], headers: Mapping[str, str]) -> _Copy:
+        version = (configmap.get("metadata") or {}).get("resourceVersion")
+        return _Copy(version, dict(configmap.get("data") or {}), self._answered(headers))
 
+    def _write(self, base: _Copy, data: dict[str, str], until: float) -> _Copy:
         def put(timeout: float) -> _Copy:
-            meta = client.V1ObjectMeta(
-                name=self.name,
-                resource_version=base.version,
-                labels={"app.kubernetes.io/name": "ca-externalgrpc", "app.kubernetes.io/component": "change-journal"},
-            )
-            body = client.V1ConfigMap(metadata=meta, data=data)
+            meta: dict[str, Any] = {"name": self.name, "labels": _LABELS}
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
             if base.version is None:
-                done, _, headers = self._core.create_namespaced_config_map_with_http_info(
-                    self.namespace, body, _request_timeout=timeout
-                )
+                path = core_path("configmaps", self.namespace)
+                done, headers = self._connection.request_with_headers("POST", path, body=body, timeout=timeout)
             else:
-                done, _, headers = self._core.replace_namespaced_config_map_with_http_info(
-                    self.name, self.namespace, body, _request_timeout=timeout
-                )
-            return _Copy(done.metadata.resource_version, dict(done.data or {}), self._answered(headers))
+                meta["resourceVersion"] = base.version  # a ConfigMap changed since the read answers 409
+                path = core_path("configmaps", self.namespace, self.name)
+                done, headers = self._connection.request_with_headers("PUT", path, body=body, timeout=timeout)
+            return self._copy_of(done, headers)
 
         copy: _Copy = self._call(f"write {self.where}", put, until)
         with self._copy_lock:

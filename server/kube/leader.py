@@ -22,8 +22,9 @@ Two parts:
   The elector never waits past the renew deadline to step down: it waits for its call and for that
   deadline together.
 
-Written on ``CoordinationV1Api`` rather than the client's ``kubernetes.leaderelection`` package: that
-one judges expiry by comparing wall-clock times, runs its callbacks without telling when the last
+Written on the connection's raw JSON calls (server/kube/client.py: the Lease is a plain dict, no model
+class is loaded) rather than the client's ``kubernetes.leaderelection`` package: that one judges expiry
+by comparing wall-clock times, runs its callbacks without telling when the last
 successful renewal was sent (which the write gate needs), and does not release the Lease on shutdown.
 
 A replica's name in the Lease is its identity (``kubernetes.identity``, else ``$POD_NAME``, else the host
@@ -52,6 +53,7 @@ from typing import Any
 
 from providers.errors import NotLeader
 from server.kube.calls import ApiCall, api_status
+from server.kube.client import KubeConnection, group_path
 from server.kube.settings import LeaderElectionConfig
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,7 @@ log = logging.getLogger(__name__)
 _HOLDER = re.compile(r"^(?P<name>.+)_[0-9a-f]{8}$")
 # How long stop() waits for the elector thread, which abandons a call under way at once.
 _STOP_JOIN = 2.0
+LEASES = "coordination.k8s.io/v1"
 # Tries of the release at shutdown (a renewal that was still travelling may make the first one meet 409).
 _RELEASE_TRIES = 3
 
@@ -267,7 +270,7 @@ class LeaderElector:
 
     def __init__(
         self,
-        coordination: Any,  # kubernetes.client.CoordinationV1Api
+        connection: KubeConnection,
         namespace: str,
         leadership: Leadership,
         request_timeout: float,
@@ -277,7 +280,7 @@ class LeaderElector:
         on_transition: Callable[[str], None] = lambda event: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._api = coordination
+        self._api = connection
         self._namespace = namespace
         self._leadership = leadership
         self._config = leadership.config
@@ -295,7 +298,7 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         self._observed_record: tuple[Any, ...] | None = None
         self._observed_at = 0.0
-        self._written: Any = None  # the Lease as this replica last wrote it, while it leads
+        self._written: dict[str, Any] | None = None  # the Lease as this replica last wrote it, while it leads
         self._failing = False
         self._namesake_warned = False
         self._wrote = False  # a write of the Lease was sent (so this process may hold it at the API server)
@@ -410,47 +413,41 @@ class LeaderElector:
                 log.debug("the Lease changed since this replica wrote it; reading it", extra=self._log_fields())
         self._read_then_write()
 
-    def _renew_as_written(self, old: Any) -> None:
+    def _renew_as_written(self, old: dict[str, Any]) -> None:
         """The leader's renewal: one update of the Lease as it last wrote it, guarded by its resourceVersion."""
-        from kubernetes import client
-
-        spec = client.V1LeaseSpec(
-            holder_identity=self._identity,
-            lease_duration_seconds=old.spec.lease_duration_seconds,
-            acquire_time=old.spec.acquire_time,
-            renew_time=dt.datetime.now(dt.UTC),
-            lease_transitions=old.spec.lease_transitions,
-        )
-        body = client.V1Lease(metadata=old.metadata, spec=spec)
+        spec = dict(old.get("spec") or {})
+        spec["holderIdentity"] = self._identity
+        spec["renewTime"] = _micro_time(dt.datetime.now(dt.UTC))
+        body = {**old, "spec": spec}
         self._write("renew the Lease", functools.partial(self._replace, body))
 
     def _read_then_write(self) -> None:
-        from kubernetes import client
-
         duration_seconds = math.ceil(self._config.lease_duration)
         try:
-            lease = self._call(
-                "read the Lease",
-                lambda timeout: self._api.read_namespaced_lease(self._name, self._namespace, _request_timeout=timeout),
-            )
+            lease = self._call("read the Lease", self._read)
         except Exception as err:
             if api_status(err) != 404:
                 raise
-            now = dt.datetime.now(dt.UTC)
-            spec = client.V1LeaseSpec(
-                holder_identity=self._identity,
-                lease_duration_seconds=duration_seconds,
-                acquire_time=now,
-                renew_time=now,
-                lease_transitions=0,
-            )
-            body = client.V1Lease(metadata=client.V1ObjectMeta(name=self._name, namespace=self._namespace), spec=spec)
+            now = _micro_time(dt.datetime.now(dt.UTC))
+            body = {
+                "apiVersion": LEASES,
+                "kind": "Lease",
+                "metadata": {"name": self._name, "namespace": self._namespace},
+                "spec": {
+                    "holderIdentity": self._identity,
+                    "leaseDurationSeconds": duration_seconds,
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                },
+            }
             # 409 AlreadyExists when another replica created it first: this round is lost, the next reads it.
             self._write("create the Lease", functools.partial(self._create, body))
             return
-        spec = lease.spec or client.V1LeaseSpec()
-        holder = spec.holder_identity or ""
-        record = (holder, spec.renew_time, spec.acquire_time, lease.metadata.resource_version)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        metadata = lease.get("metadata") or {}
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), metadata.get("resourceVersion"))
         if record != self._observed_record:
             # Expiry is measured from when this replica saw the record change, on its own clock.
             self._observed_record = record
@@ -458,20 +455,20 @@ class LeaderElector:
         if holder and holder != self._identity:
             self._warn_namesake(holder)
             self._leadership.observed(holder)
-            held_for = spec.lease_duration_seconds or duration_seconds
+            held_for = spec.get("leaseDurationSeconds") or duration_seconds
             if self._clock() < self._observed_at + held_for:
                 if self._leadership.leading:
                     self._step_down(f"the Lease is held by {holder}", holder)
                 return
             log.info("the leader's Lease expired; taking over", extra={**self._log_fields(), "previous": holder})
-        now = dt.datetime.now(dt.UTC)
+        now = _micro_time(dt.datetime.now(dt.UTC))
         if holder != self._identity:
-            spec.lease_transitions = (spec.lease_transitions or 0) + (1 if holder else 0)
-            spec.acquire_time = now
-        spec.holder_identity = self._identity
-        spec.renew_time = now
-        spec.lease_duration_seconds = duration_seconds
-        lease.spec = spec
+            spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + (1 if holder else 0)
+            spec["acquireTime"] = now
+        spec["holderIdentity"] = self._identity
+        spec["renewTime"] = now
+        spec["leaseDurationSeconds"] = duration_seconds
+        lease["spec"] = spec
         # metadata.resourceVersion of the read travels along: a Lease changed since then answers 409.
         self._write("write the Lease", functools.partial(self._replace, lease))
 
@@ -492,7 +489,7 @@ class LeaderElector:
             extra={**self._log_fields(), "other": holder},
         )
 
-    def _won(self, sent: float, written: Any) -> None:
+    def _won(self, sent: float, written: dict[str, Any]) -> None:
         with self._transitions:
             if self._leadership.leading:
                 self._written = written
@@ -526,16 +523,13 @@ class LeaderElector:
         until = self._clock() + 2 * self._request_timeout
         for _ in range(_RELEASE_TRIES):
             try:
-                lease = self._bounded(
-                    lambda timeout: self._api.read_namespaced_lease(
-                        self._name, self._namespace, _request_timeout=timeout
-                    ),
-                    until,
-                )
-                if lease.spec is None or lease.spec.holder_identity != self._identity:
+                lease = self._bounded(self._read, until)
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self._identity:
                     return
-                lease.spec.holder_identity = None
-                lease.spec.lease_duration_seconds = 1
+                spec.pop("holderIdentity", None)
+                spec["leaseDurationSeconds"] = 1
+                lease["spec"] = spec
                 self._bounded(functools.partial(self._replace, lease), until)
                 log.info("released the leader Lease", extra=self._log_fields())
                 return
@@ -546,11 +540,15 @@ class LeaderElector:
                 log.warning("releasing the leader Lease failed", extra={**self._log_fields(), "error": _why(err)})
                 return
 
-    def _replace(self, lease: Any, timeout: float) -> Any:
-        return self._api.replace_namespaced_lease(self._name, self._namespace, lease, _request_timeout=timeout)
+    def _read(self, timeout: float) -> dict[str, Any]:
+        return self._api.request("GET", group_path(LEASES, "leases", self._namespace, self._name), timeout=timeout)
 
-    def _create(self, lease: Any, timeout: float) -> Any:
-        return self._api.create_namespaced_lease(self._namespace, lease, _request_timeout=timeout)
+    def _replace(self, lease: dict[str, Any], timeout: float) -> dict[str, Any]:
+        path = group_path(LEASES, "leases", self._namespace, self._name)
+        return self._api.request("PUT", path, body=lease, timeout=timeout)
+
+    def _create(self, lease: dict[str, Any], timeout: float) -> dict[str, Any]:
+        return self._api.request("POST", group_path(LEASES, "leases", self._namespace), body=lease, timeout=timeout)
 
     def _bounded(self, fn: Callable[[float], Any], until: float) -> Any:
         left = until - self._clock()
@@ -563,6 +561,11 @@ class LeaderElector:
 
     def _log_fields(self) -> dict[str, Any]:
         return {"lease": f"{self._namespace}/{self._name}", "identity": self._identity}
+
+
+def _micro_time(at: dt.datetime) -> str:
+    """A Lease's MicroTime: RFC 3339 in UTC with microseconds, as the API server writes it."""
+    return at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _why(err: Exception) -> str:
@@ -608,7 +611,7 @@ class Election:
 
     def __init__(
         self,
-        connection: Any,  # server.kube.client.KubeConnection
+        connection: KubeConnection,
         leadership: Leadership,
         registry: Any,  # providers.registry.Registry
         metrics: Any = None,  # server.metrics.Metrics
@@ -628,7 +631,7 @@ class Election:
             backend.adapter.guard_writes(leadership.check_write)
         registry.pause()  # a follower until elected: no sync, and no snapshot series to alert on
         self._elector = LeaderElector(
-            connection.coordination(),
+            connection,
             connection.namespace,
             leadership,
             connection.request_timeout,

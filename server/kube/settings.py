@@ -120,7 +120,9 @@ class LearnedTemplatesConfig(ConfigModel):
     configmap_prefix: str = "ca-externalgrpc-templates"
     # A backend's ConfigMap is written at most this often (a rolling node upgrade changes many nodes).
     min_write_interval: duration(0, 3600) = 30.0  # type: ignore[valid-type]
-    # Labels learned from a node besides the built-in list (docs/kubernetes.md): keys, or prefixes ending in "/".
+    # Labels of a real node kept for its group besides the built-in list (providers/node_labels.py), by
+    # learned templates and, even when they are off, in the cloud's template from the nodes NodeGroupForNode
+    # shows (docs/kubernetes.md): keys, or prefixes ending in "/".
     labels: list[str] = Field(default_factory=list)
     # Taints learned from a node (the pool's own always come from the cloud): keys, or prefixes ending in "/".
     taints: list[str] = Field(default_factory=list)

@@ -4,10 +4,12 @@ A template built from cloud metadata (a Bizfly flavor, a Kapsule pool) cannot kn
 reserves, nor the hardware labels node-feature-discovery adds once a node has joined. The Node object of a
 real node of the group knows both. This module watches the Node objects, maps each to its node group by
 ``spec.providerID`` through the registry, and when a node is Ready records its allocatable and capacity,
-the labels of a stable allowlist (``LEARNED_LABELS`` plus ``learned_templates.labels``) and the taints the
-config names (``learned_templates.taints``): never what an operator put on one node (a maintenance taint,
-a manual label), which would outlive that node. The pool's own labels and taints are not learned at all:
-the backend takes them from the cloud when it serves the template (the cloud's pool definition wins).
+the labels that describe its group (providers/node_labels.py: a stable allowlist plus
+``learned_templates.labels``, the same rule as for the labels the CA shows in NodeGroupForNode) and the
+taints the config names (``learned_templates.taints``): never what an operator put on one node (a
+maintenance taint, a manual label), which would outlive that node. The pool's own labels and taints are
+not learned at all: the backend takes them from the cloud when it serves the template (the cloud's pool
+definition wins).
 The record goes to the backend (``Backend.set_learned_template``) and to a ConfigMap per backend,
 ``<configmap_prefix>-<backend>``, one JSON value per node group, read back at start so that a group
 scaled to zero keeps its template across restarts of the server.
@@ -43,10 +45,9 @@ from typing import Any
 import msgspec
 
 from providers.backend import Backend
-from providers.bizfly.templates import PER_NODE_LABELS as BIZFLY_PER_NODE_LABELS
 from providers.model import LearnedTemplate, NodeTemplate, Taint
+from providers.node_labels import GroupLabels, KeyPatterns, machine_names
 from providers.registry import Registry
-from providers.scaleway.templates import NODE_SPECIFIC_LABELS as SCALEWAY_PER_NODE_LABELS
 from server.kube.client import KubeConnection, core_path
 from server.kube.settings import LearnedTemplatesConfig
 from server.node_encoding import is_valid_quantity
@@ -72,26 +73,6 @@ HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_GONE = 410
 
-# Labels that name one machine, never its group: the node's own name, and the per-machine labels each
-# cloud package already keeps out of its templates (Bizfly's node and server ids, Kapsule's node id).
-PER_NODE_LABELS = frozenset(
-    {"kubernetes.io/hostname", "node.kubernetes.io/instance-id"} | BIZFLY_PER_NODE_LABELS | SCALEWAY_PER_NODE_LABELS
-)
-# The labels learned from a node without configuration: what describes the machine type, the zone and
-# the pool, the same on every node of a group. Keys, and prefixes ending in "/".
-LEARNED_LABELS = (
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "node.kubernetes.io/instance-type",
-    "beta.kubernetes.io/",  # the deprecated os/arch/instance-type the kubelet still sets
-    "topology.kubernetes.io/",  # region, zone
-    "failure-domain.beta.kubernetes.io/",
-    "topology.csi.scaleway.com/",  # the CSI driver's zone: volume node affinity is checked against it
-    "feature.node.kubernetes.io/",  # node-feature-discovery: CPU, kernel, PCI features of the machine type
-    "nvidia.com/",  # GPU feature discovery: product, memory, count
-    "k8s.scaleway.com/",  # Kapsule's pool labels on every node (its per-node ones are dropped above)
-    "bke.bizflycloud.vn/",  # Bizfly's pool labels (likewise)
-)
 # Taints that come and go with a node's condition or with the autoscaler's own work, never with the group:
 # not learned even when the config names them.
 TRANSIENT_TAINTS = frozenset(
@@ -200,40 +181,19 @@ class WatchError(Exception):
 
 # ---------------------------------------------------------------------------------------- pure rules
 @dataclass(frozen=True)
-class KeyPatterns:
-    """Label or taint keys: exact ones, and prefixes ending in "/" standing for every key under them."""
-
-    keys: frozenset[str]
-    prefixes: tuple[str, ...]
-
-    @classmethod
-    def of(cls, patterns: Iterable[str]) -> KeyPatterns:
-        items = list(patterns)
-        return cls(frozenset(p for p in items if not p.endswith("/")), tuple(p for p in items if p.endswith("/")))
-
-    def match(self, key: str) -> bool:
-        return key in self.keys or key.startswith(self.prefixes)
-
-
-@dataclass(frozen=True)
 class LearningRules:
-    """What a node may teach: the labels of ``labels``, the taints of ``taints`` (the config's lists)."""
+    """What a node may teach: the labels that describe its group (``GroupLabels``, with the config's
+    ``labels``), the taints of the config's ``taints``."""
 
-    labels: KeyPatterns = field(default_factory=lambda: KeyPatterns.of(LEARNED_LABELS))
+    labels: GroupLabels = field(default_factory=GroupLabels)
     taints: KeyPatterns = field(default_factory=lambda: KeyPatterns.of(()))
 
     @classmethod
     def of(cls, settings: LearnedTemplatesConfig) -> LearningRules:
-        return cls(KeyPatterns.of((*LEARNED_LABELS, *settings.labels)), KeyPatterns.of(settings.taints))
+        return cls(GroupLabels.with_extra(settings.labels), KeyPatterns.of(settings.taints))
 
-    def keep_labels(
-        self, labels: Mapping[str, str], machine: set[str] | frozenset[str] = frozenset()
-    ) -> dict[str, str]:
-        """The labels a template may carry: allowlisted, not naming one machine (PER_NODE_LABELS, or a value
-        that is the node's name or its machine's id: a pod selecting on it would land on a copy of it)."""
-        return {
-            k: v for k, v in labels.items() if self.labels.match(k) and k not in PER_NODE_LABELS and v not in machine
-        }
+    def keep_labels(self, labels: Mapping[str, str], machine: Iterable[str] = ()) -> dict[str, str]:
+        return self.labels.keep(labels, machine)
 
     def keep_taints(self, taints: Iterable[Taint]) -> tuple[Taint, ...]:
         kept = {
@@ -258,16 +218,6 @@ def is_ready(node: NodeFields) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
 
 
-def _machine_names(node: NodeFields) -> set[str]:
-    """Values that identify this one machine: its name, its providerID and the id at the providerID's end."""
-    names = {node.metadata.name}
-    provider_id = node.spec.providerID
-    if provider_id:
-        names.add(provider_id)
-        names.add(provider_id.rstrip("/").rsplit("/", 1)[-1])
-    return {n for n in names if n}
-
-
 def is_transient_taint(key: str) -> bool:
     return key in TRANSIENT_TAINTS or key.startswith(TRANSIENT_TAINT_PREFIXES)
 
@@ -282,7 +232,7 @@ def template_from_node(node: NodeFields, rules: LearningRules = DEFAULT_RULES) -
         return None
     taints = (Taint(t.key, t.value, t.effect) for t in node.spec.taints if t.key and t.effect in _EFFECTS)
     return NodeTemplate(
-        labels=rules.keep_labels(node.metadata.labels, _machine_names(node)),
+        labels=rules.keep_labels(node.metadata.labels, machine_names(node.metadata.name, node.spec.providerID)),
         taints=rules.keep_taints(taints),
         capacity=dict(capacity),
         allocatable=dict(node.status.allocatable or capacity),

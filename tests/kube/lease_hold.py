@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from server.kube.client import KubeConnection
 from server.kube.leader import LeaderElector, Leadership
 from server.kube.settings import LeaderElectionConfig
 from tests.e2e.conftest import resolve_programs
@@ -35,7 +36,7 @@ def measure(plane: ControlPlane, workdir: Path, index: int, delay: float, second
     role = Leadership(LeaderElectionConfig(enabled=True), identity="measured")
     losses: list[float] = []
     elector = LeaderElector(
-        client.CoordinationV1Api(api),
+        KubeConnection(api, namespace, identity="measured", request_timeout=5.0),
         namespace,
         role,
         request_timeout=5.0,

@@ -24,6 +24,7 @@ from kubernetes import client, config
 from devstack.clouds import scaleway_backend
 from devstack.harness import ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
+from server.kube.client import KubeConnection
 from server.kube.leader import LeaderElector, Leadership, holder_name
 from server.kube.settings import LeaderElectionConfig
 from simulators.common import Fault
@@ -409,7 +410,7 @@ def test_stop_ends_the_role_before_a_renewal_still_travelling_can_renew_it(
         apis.append(api)
         roles[user] = Leadership(timings, identity=user)
         electors[user] = LeaderElector(
-            client.CoordinationV1Api(api),
+            KubeConnection(api, namespace, identity=user, request_timeout=3.0),
             namespace,
             roles[user],
             request_timeout=3.0,

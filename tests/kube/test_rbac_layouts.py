@@ -113,10 +113,54 @@ def configmap(admin: client.ApiClient, namespace: str, name: str) -> dict[str, s
         raise
 
 
-def start_server(cloud: ScalewaySimulator, tmp: Path, kubernetes: dict[str, Any], name: str = "ours") -> ServerProcess:
+def start_server(
+    cloud: ScalewaySimulator,
+    tmp: Path,
+    kubernetes: dict[str, Any],
+    name: str = "ours",
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
     # Listings only after a write, so the journal's read-back and its clearing follow the write at once.
     backend = scaleway_backend(cloud, name=BACKEND, sync={"interval": "60s"})
-    return ServerProcess(server_config([backend], kubernetes=kubernetes), workdir=tmp, name=name)
+    return ServerProcess(server_config([backend], kubernetes=kubernetes), env=env, workdir=tmp, name=name)
+
+
+def start_server_mtls_replica(
+    control_plane: ControlPlane,
+    admin: client.ApiClient,
+    namespace: str,
+    cloud: ScalewaySimulator,
+    tmp: Path,
+    env: dict[str, str] | None = None,
+) -> tuple[ServerProcess, str]:
+    """Our server as server-mtls ships it, its four features on, as a user bound to exactly the roles its
+    kustomization gives its ServiceAccount; and the name of its Lease."""
+    docs = render("server-mtls")
+    user = f"mtls-{uuid.uuid4().hex[:8]}"
+    bind_user(admin, namespace, user, *service_account_roles(docs, SERVER_ACCOUNT))
+    shipped = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])["kubernetes"]
+    kubernetes = {
+        **shipped,
+        "kubeconfig": str(control_plane.user_kubeconfig(user)),
+        "namespace": namespace,
+        "identity": "replica-a",
+        # The shipped names and lease timings; only the write intervals are shortened for the test.
+        "learned_templates": {**shipped["learned_templates"], "min_write_interval": "200ms"},
+        "events": {**shipped["events"], "status_interval": "1s"},
+    }
+    server = start_server(cloud, tmp, kubernetes, name="replica-a", env=env)
+    return server, str(shipped["leader_election"]["lease_name"])
+
+
+def lease_holder(admin: client.ApiClient, namespace: str, lease: str) -> str:
+    """The identity part of the Lease's holder ("" when it has none or does not exist)."""
+    try:
+        found = client.CoordinationV1Api(admin).read_namespaced_lease(lease, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return ""
+        raise
+    return holder_name(str(found.spec.holder_identity or ""))
 
 
 def register_a_node(admin: client.ApiClient, cloud: ScalewaySimulator, created: list[str]) -> str:
@@ -235,35 +279,11 @@ def test_server_mtls_runs_its_four_features_with_its_service_accounts_roles(
     nodes: list[str],
     tmp_path: Path,
 ) -> None:
-    docs = render("server-mtls")
-    user = f"mtls-{uuid.uuid4().hex[:8]}"
-    bind_user(admin, namespace, user, *service_account_roles(docs, SERVER_ACCOUNT))
-    shipped = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])["kubernetes"]
-    kubernetes = {
-        **shipped,
-        "kubeconfig": str(control_plane.user_kubeconfig(user)),
-        "namespace": namespace,
-        "identity": "replica-a",
-        # The shipped names and lease timings; only the write intervals are shortened for the test.
-        "learned_templates": {**shipped["learned_templates"], "min_write_interval": "200ms"},
-        "events": {**shipped["events"], "status_interval": "1s"},
-    }
-    server = start_server(cloud, tmp_path, kubernetes, name="replica-a")
+    server, lease = start_server_mtls_replica(control_plane, admin, namespace, cloud, tmp_path)
     try:
-        lease = shipped["leader_election"]["lease_name"]
-
-        def holder() -> str:
-            try:
-                found = client.CoordinationV1Api(admin).read_namespaced_lease(lease, namespace)
-            except ApiException as err:
-                if err.status == 404:
-                    return ""
-                raise
-            return holder_name(str(found.spec.holder_identity or ""))
-
-        assert wait_for("the Lease held", lambda: holder() == "replica-a")
+        assert wait_for("the Lease held", lambda: lease_holder(admin, namespace, lease) == "replica-a")
         wait_for("leader and Ready", lambda: server.http_get("/readyz")[0] == 200)
         scale_up_and_see_every_feature_work(server, cloud, admin, namespace, nodes)
-        assert holder() == "replica-a"
+        assert lease_holder(admin, namespace, lease) == "replica-a"
     finally:
         server.stop()

@@ -150,11 +150,13 @@ class InMemoryAdapter:
 
     def __init__(self, template: NodeTemplate) -> None:
         self.cloud_template = template
+        self.observed: Mapping[str, str] | None = None  # the node labels the Backend last gave
 
     def list_groups(self, deadline: Deadline) -> CloudListing:
         return CloudListing((GroupState("big", 0, 3, 0, ()),))
 
     def template(self, group: GroupState, observed: Mapping[str, str] | None) -> NodeTemplate | None:
+        self.observed = observed
         return self.cloud_template
 
     def read_group(self, group_id: str, deadline: Deadline) -> GroupState: ...
@@ -193,6 +195,25 @@ def test_learned_beats_cloud_and_a_change_changes_the_cache_key() -> None:
     same = b.template_key("big")
     b.set_learned_template("big", LEARNED)  # the same record again: nothing to rebuild
     assert b.template_key("big") == same
+
+
+def test_the_labels_the_ca_shows_of_a_node_pass_the_same_rule_as_a_learned_nodes() -> None:
+    # One rule (providers/node_labels.py) for the labels NodeGroupForNode shows and for a learned node's:
+    # the allowlist plus the configured keys, never a label naming the machine or put on it by hand.
+    rules = LearningRules.of(LearnedTemplatesConfig(labels=["example.com/tier"]))
+    adapter = InMemoryAdapter(CLOUD)
+    b = Backend("memory", adapter, group_labels=rules.labels)  # type: ignore[arg-type]
+    b.start(background=False)
+    shown = node(**{"example.com/tier": "gold", "example.com/rack": "r12"})
+    assert b.observe_node("big", shown.metadata.labels, shown.metadata.name, shown.spec.providerID)
+    b.template("big")
+    learned = template_from_node(shown, rules)
+    assert learned is not None and adapter.observed == learned.labels
+    assert adapter.observed["example.com/tier"] == "gold"
+    assert not {"maintenance", "example.com/rack", "feature.node.kubernetes.io/machine-uuid"} & adapter.observed.keys()
+    # A node showing nothing of its group's changes nothing.
+    assert not b.observe_node("big", {"maintenance": "planned", "kubernetes.io/hostname": NAME}, NAME)
+    assert b.template_source("big") == "cloud"
 
 
 def test_override_keys_win_over_the_learned_template_key_by_key() -> None:
