@@ -27,6 +27,7 @@ from tests.kube.test_rbac_layouts import (
     scale_up_and_see_every_feature_work,
     start_server_mtls_replica,
 )
+from tests.support.container_image import built_image
 
 # One line per module imported for the first time: "import time: <self us> | <cumulative us> | <module>".
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)\s*$", re.MULTILINE)
@@ -59,3 +60,24 @@ def test_a_server_with_its_four_kubernetes_features_at_work_loads_no_generated_a
     assert "kubernetes.client.rest" in imported, "no import list in the output:\n" + server.log_tail()
     generated = [module for module in imported if module.startswith(GENERATED)]
     assert generated == [], f"{len(generated)} generated modules loaded, among them {generated[:5]}"
+
+
+def test_the_image_serves_the_four_kubernetes_features_without_the_files_it_leaves_out(
+    control_plane: ControlPlane,
+    admin: client.ApiClient,
+    namespace: str,
+    cloud: ScalewaySimulator,
+    nodes: list[str],
+    tmp_path: Path,
+) -> None:
+    """The image leaves the client's asyncio copy and aiohttp out and its generated classes uncompiled
+    (docs/operations.md, "Size"): the same four features at work there, as the read-only, non-root
+    container of the manifests, against the real API server."""
+    image = built_image()  # skipped without podman; "run make image" when missing or stale
+    server, lease = start_server_mtls_replica(control_plane, admin, namespace, cloud, tmp_path, image=image)
+    try:
+        wait_for("leader and Ready", lambda: server.http_get("/readyz")[0] == 200)
+        scale_up_and_see_every_feature_work(server, cloud, admin, namespace, nodes)
+    finally:
+        assert server.stop() == 0, server.log_tail()
+    assert lease_holder(admin, namespace, lease) == "", "the Lease was not released at the stop"

@@ -12,6 +12,7 @@ tests/deploy/test_rbac.py checks on the rendered files that these rights are no 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import re
@@ -29,6 +30,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from devstack.clouds import scaleway_backend
+from devstack.container import ContainerServer
 from devstack.harness import ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
 from server.kube.leader import holder_name
@@ -119,10 +121,37 @@ def start_server(
     kubernetes: dict[str, Any],
     name: str = "ours",
     env: dict[str, str] | None = None,
+    image: str | None = None,
 ) -> ServerProcess:
+    """A child process, or with ``image`` that container image run as the manifests run it."""
     # Listings only after a write, so the journal's read-back and its clearing follow the write at once.
     backend = scaleway_backend(cloud, name=BACKEND, sync={"interval": "60s"})
-    return ServerProcess(server_config([backend], kubernetes=kubernetes), env=env, workdir=tmp, name=name)
+    config = server_config([backend], kubernetes=kubernetes)
+    if image is None:
+        return ServerProcess(config, env=env, workdir=tmp, name=name)
+    # The image's user reads the kubeconfig as a pod reads its mounted Secret: one file, credentials inline.
+    mounted = tmp / f"{name}-kubeconfig"
+    mounted.mkdir()
+    kubernetes = {**kubernetes, "kubeconfig": str(inline_kubeconfig(Path(kubernetes["kubeconfig"]), mounted))}
+    config = server_config([backend], kubernetes=kubernetes)
+    volume = f"--volume={mounted}:{mounted}:ro"
+    return ContainerServer(image, config, env or {}, tmp, name=name, extra_args=[volume])
+
+
+def inline_kubeconfig(path: Path, directory: Path) -> Path:
+    """``path``'s kubeconfig with its certificate and key files inlined, written readable to any user."""
+    kubeconfig = yaml.safe_load(path.read_text())
+    for section, key in (("clusters", "cluster"), ("users", "user")):
+        for entry in kubeconfig[section]:
+            fields = entry[key]
+            for name in ("certificate-authority", "client-certificate", "client-key"):
+                if name in fields:
+                    fields[f"{name}-data"] = base64.b64encode(Path(fields.pop(name)).read_bytes()).decode()
+    inlined = directory / "kubeconfig"
+    inlined.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    directory.chmod(0o755)
+    inlined.chmod(0o644)  # a test user's key: the image runs as UID 65532, not as this test's root
+    return inlined
 
 
 def start_server_mtls_replica(
@@ -132,9 +161,10 @@ def start_server_mtls_replica(
     cloud: ScalewaySimulator,
     tmp: Path,
     env: dict[str, str] | None = None,
+    image: str | None = None,
 ) -> tuple[ServerProcess, str]:
     """Our server as server-mtls ships it, its four features on, as a user bound to exactly the roles its
-    kustomization gives its ServiceAccount; and the name of its Lease."""
+    kustomization gives its ServiceAccount (in the container ``image`` when given); and its Lease's name."""
     docs = render("server-mtls")
     user = f"mtls-{uuid.uuid4().hex[:8]}"
     bind_user(admin, namespace, user, *service_account_roles(docs, SERVER_ACCOUNT))
@@ -148,7 +178,7 @@ def start_server_mtls_replica(
         "learned_templates": {**shipped["learned_templates"], "min_write_interval": "200ms"},
         "events": {**shipped["events"], "status_interval": "1s"},
     }
-    server = start_server(cloud, tmp, kubernetes, name="replica-a", env=env)
+    server = start_server(cloud, tmp, kubernetes, name="replica-a", env=env, image=image)
     return server, str(shipped["leader_election"]["lease_name"])
 
 
