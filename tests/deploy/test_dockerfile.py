@@ -217,7 +217,7 @@ def test_builder_installs_the_native_wheel_from_local_wheels_and_imports_it(
     assert [re.split(r"[=<>~ ]", d)[0] for d in extras["native"]] == ["ca-externalgrpc-native"]
     assert any('"ca-externalgrpc-server[native]"' in r for r in installs), "the native engine's wheel is not installed"
     # The smoke test: the extension imports with the virtualenv's interpreter.
-    assert re.search(r"/opt/ca-externalgrpc/bin/python -c \"import ca_externalgrpc_native\"", runs(builder))
+    assert re.search(r"/opt/ca-externalgrpc/bin/python -c \"import ca_externalgrpc_native[,\"]", runs(builder))
 
 
 def test_runtime_stage_checks_that_its_base_runs_what_the_builder_installed(instructions: list[Instruction]) -> None:
