@@ -244,6 +244,10 @@ class Journal:
             reason = getattr(err, "reason", "") or ""
             detail = _api_message(getattr(err, "body", None))
             raise _Failed(f"the API server answered {status} {reason}{': ' + detail if detail else ''}")
+        if _timed_out(err):
+            # The client's own read timeout (the same budget) can fire a moment before our wait does: the
+            # same fact, told the same way whichever clock won.
+            raise _Failed(f"the API server did not answer within {timeout:.2f}s")
         raise _Failed(f"the API server could not be reached ({_network_reason(err)})")
 
     def _answered(self, headers: Mapping[str, str] | None) -> float | None:
@@ -614,6 +618,18 @@ def _api_message(body: Any) -> str:
         return str(json.loads(body)["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return ""
+
+
+def _timed_out(err: BaseException) -> bool:
+    """Whether a network error is a read/connect timeout (urllib3's TimeoutError family or the socket's)."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError) or type(seen).__name__ in ("ReadTimeoutError", "ConnectTimeoutError"):
+            return True
+        seen = getattr(seen, "reason", None) or seen.__cause__ or seen.__context__
+    return False
 
 
 def _network_reason(err: BaseException) -> str:

@@ -20,6 +20,7 @@ from server.kube.journal import (
     _age,
     _api_date,
     _network_reason,
+    _timed_out,
     entry_key,
 )
 from server.logs import clear_registered_secrets, register_secret
@@ -108,3 +109,17 @@ def test_the_reason_of_an_unknown_outcome_is_stored_with_secrets_masked() -> Non
         assert settle.change(replace(entry, id="id2").to_json()) is UNCHANGED
     finally:
         clear_registered_secrets()
+
+
+def test_a_read_timeout_from_the_client_reads_as_no_answer_in_time() -> None:
+    # The client's read timeout and our own wait share one budget; either may fire first, and both mean
+    # the API server did not answer in time (not that it could not be reached).
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError, ReadTimeoutError
+
+    read = ReadTimeoutError(None, "/api", "Read timed out. (read timeout=1.5)")  # type: ignore[arg-type]
+    assert _timed_out(read)
+    assert _timed_out(MaxRetryError(None, "/api", ConnectTimeoutError("timed out")))  # type: ignore[arg-type]
+    assert _timed_out(TimeoutError("timed out"))
+    refused = NewConnectionError(None, "Failed to establish a new connection: [Errno 111] Connection refused")  # type: ignore[arg-type]
+    assert not _timed_out(MaxRetryError(None, "/api", refused))  # type: ignore[arg-type]
+    assert not _timed_out(OSError("Connection reset by peer"))
