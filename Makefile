@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install native-test protos protos-check run build test unit integration conformance e2e kube lint typecheck bench bench-ca soak clean image deploy-check
+.PHONY: install native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
 # Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
 # prints (a folder named like the package may shadow it) is filtered out; errors still show.
@@ -49,6 +49,26 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 
 install: $(STAMP) $(NATIVE_STAMP)
 
+# The two distributions as wheels in dist/: the server (pure Python) and the native engine (one abi3
+# wheel for CPython >= 3.11, built by maturin with the cargo on PATH; its build reuses native/target).
+# `pip install` of them needs no Rust (docs/operations.md, "Install"); make image takes the native one.
+# Each is rebuilt only when its sources change.
+SERVER_SOURCES := pyproject.toml README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
+dist/.server-wheel: $(STAMP) $(SERVER_SOURCES)
+	@echo "building the server's wheel into dist/"
+	@rm -f dist/ca_externalgrpc_server-*.whl
+	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir dist .
+	@rm -rf build
+	@touch $@
+dist/.native-wheel: $(STAMP) $(NATIVE_SOURCES)
+	@cargo --version > /dev/null 2>&1 || { echo "make wheels: the native engine's wheel needs a working Rust toolchain (cargo on PATH; with rustup, a default toolchain)"; exit 1; }
+	@echo "building the native engine's wheel into dist/ with cargo; progress below"
+	@rm -f dist/ca_externalgrpc_native-*.whl
+	$(VENV)/bin/maturin build --release --locked --manifest-path native/Cargo.toml --out dist
+	@touch $@
+wheels: dist/.server-wheel dist/.native-wheel
+	@ls -l dist/*.whl
+
 # Regenerate the Python code from protos/*.proto (the only place generated code lives).
 protos: install
 	$(PY) -m server.protogen --write
@@ -77,7 +97,7 @@ build: install
 unit: install
 	$(PY) -m pytest -q tests/unit
 
-integration: GO_BUILD_GROUPS = conformance bench
+integration: GO_BUILD_GROUPS = conformance bench integration
 integration: build
 	$(PY) -m pytest -q tests/integration
 
@@ -93,6 +113,12 @@ e2e: GO_BUILD_GROUPS = e2e bench
 e2e: build
 	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS)
 
+# The e2e smoke's scale-up and scale-down with the server as the container image (tests/e2e/test_image.py,
+# needs podman). make test runs it too whenever podman is installed.
+e2e-image: GO_BUILD_GROUPS = e2e
+e2e-image: build image
+	$(PY) -m pytest -q tests/e2e/test_image.py
+
 # The optional Kubernetes features (leader election, journal, learned templates, Events) against a real
 # kube-apiserver and etcd that authorize by RBAC (tests/kube). make test runs them too.
 kube: GO_BUILD_GROUPS = e2e
@@ -105,10 +131,14 @@ native-test: install
 	cd native && cargo fmt --check && cargo clippy --release --all-targets -- -D warnings && cargo test --release
 
 # Every test with the default serving engine (native), then the gRPC tests (tests/integration, which
-# runs the conformance lab too) again on the pure-Python engine (grpcio).
-test: build native-test
+# runs the conformance lab too) and the probe-port hostile suite again on the pure-Python engine
+# (grpcio); tests/hostile/test_grpc_port.py runs both engines itself, side by side. The wheels are built
+# first for tests/install's pip installation, and, when podman is installed, the image for the container
+# tests (tests/install, tests/e2e/test_image.py); without podman those are skipped.
+PODMAN := $(shell command -v podman 2>/dev/null)
+test: build native-test wheels $(if $(PODMAN),image)
 	$(PY) -m pytest -q tests
-	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py
 
 # The replay of the CA's calls (Go load client) against our server and the upstream example, at
 # 1,000 to 20,000 nodes (tests/bench/README.md).
@@ -121,18 +151,28 @@ bench: build
 bench-ca: GO_BUILD_GROUPS = e2e bench
 bench-ca: build
 	$(PY) -m tests.bench.ca_run $(BENCH_CA_ARGS)
+# What the Kubernetes features cost at cluster scale: our server with each feature set against a real
+# kube-apiserver and etcd holding 1,000, 5,000 and 20,000 kubelet-shaped Nodes (tests/bench/README.md).
+# make test runs a 40-node smoke of it (tests/kube/test_bench_kube_smoke.py).
+bench-kube: GO_BUILD_GROUPS = e2e
+bench-kube: build
+	$(PY) -m tests.bench.kube_features $(BENCH_KUBE_ARGS)
 
 soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist
 
-# Build the container image (needs docker or podman; see docs/operations.md for a daemonless build).
-IMAGE ?= ca-externalgrpc-server:0.1.0
-CONTAINER ?= $(shell command -v docker || command -v podman)
-image:
-	$(CONTAINER) build -f deploy/Dockerfile -t $(IMAGE) .
+# The container image (deploy/Dockerfile) with podman: base images made from Debian packages with
+# mmdebstrap (no image registry needed) and the native engine's wheel from make wheels, or with
+# IMAGE_BASES=public the Dockerfile's public bases and its Rust stage. Prints the image's name, size,
+# versions and what takes the space (tests/support/imagebuild.py; docs/operations.md, "Install").
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= ca-externalgrpc-server:$(VERSION)
+IMAGE_BASES ?= debian
+image: wheels
+	@$(PY) -m tests.support.imagebuild --image $(IMAGE) --bases $(IMAGE_BASES) $(IMAGE_ARGS)
 
 # Render the official cluster-autoscaler Helm chart (from the CA module) with deploy/helm's values and
 # every kustomize tree, check what comes out and validate it offline (also part of make test).

@@ -1,7 +1,10 @@
-"""One server-config ``backends[]`` entry per simulated cloud, pointing a backend at a running simulator.
+"""One server-config ``backends[]`` entry per simulated cloud, pointing a backend at a running simulator;
+and the variables the CA's in-tree provider for that cloud reads, pointing it at the same simulator.
 
 Every place that serves a simulator (the demo, the integration, reliability, conformance and benchmark
-tests) builds its backend entry here, so a change to a cloud's config keys is made once.
+tests) builds its backend entry here, so a change to a cloud's config keys is made once; every place that
+runs an in-tree provider (the migration scenario, the benchmark's and the differential's upstream example
+server) takes its variables from here.
 
 Credentials go into the entry itself unless an environment variable is named for them (``*_env``):
 the reliability tests pass secrets through the environment to check that they never leak.
@@ -78,3 +81,27 @@ def bizfly_backend(
 def bizfly_cluster_uid(sim: BizflySimulator) -> str:
     """The uid of the simulator's first cluster (what CLUSTER_NAME holds for a real cluster)."""
     return str(sim.snapshot()["clusters"][0]["uid"])
+
+
+def scaleway_in_tree_env(sim: ScalewaySimulator) -> dict[str, str]:
+    """What the in-tree Scaleway provider reads (``CLUSTER_ID``, ``SCW_*``) for the simulator's first cluster."""
+    return {
+        "CLUSTER_ID": sim.cluster_id,
+        "SCW_SECRET_KEY": sim.secret_key,
+        "SCW_REGION": sim.region,
+        "SCW_API_URL": sim.url,
+    }
+
+
+def bizfly_in_tree_env(sim: BizflySimulator) -> dict[str, str]:
+    """What the in-tree Bizfly provider reads (``BIZFLYCLOUD_*``, ``CLUSTER_NAME``) for the simulator's first
+    cluster, with the simulator's default user. No URL: the in-tree client logs in at the production host
+    whatever it is told, so the caller adds what makes that host reach the simulator (an interception
+    proxy's variables, tests/support/https_intercept.py)."""
+    user, password = next(iter(DEFAULT_USERS.items()))
+    return {
+        "BIZFLYCLOUD_AUTH_METHOD": "password",
+        "BIZFLYCLOUD_EMAIL": user,
+        "BIZFLYCLOUD_PASSWORD": password,
+        "CLUSTER_NAME": bizfly_cluster_uid(sim),
+    }

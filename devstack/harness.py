@@ -327,12 +327,16 @@ def serve_command() -> list[str]:
     return [sys.executable, "-m", "server.cli"]
 
 
-def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment without the cloud variables that would override a config file, plus ``extra``."""
+def child_env(extra: Mapping[str, str] | None = None, *, from_checkout: bool = True) -> dict[str, str]:
+    """This environment without the cloud variables that would override a config file, plus ``extra``;
+    with this checkout on PYTHONPATH, or (``from_checkout=False``) without any PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(CLOUD_ENV_PREFIXES)}
     env.update(extra or {})
-    # This checkout's code, unless ``extra`` names another (a benchmark comparing two checkouts).
-    env["PYTHONPATH"] = (extra or {}).get("PYTHONPATH", str(REPO_ROOT))
+    if from_checkout:
+        # This checkout's code, unless ``extra`` names another (a benchmark comparing two checkouts).
+        env["PYTHONPATH"] = (extra or {}).get("PYTHONPATH", str(REPO_ROOT))
+    else:
+        env.pop("PYTHONPATH", None)
     return env
 
 
@@ -356,9 +360,12 @@ class ServerProcess(ChildProcess):
         name: str = "ours",
         start_timeout: float = START_TIMEOUT_SECONDS,
         listen: str = ANY_LOOPBACK_PORT,
+        from_checkout: bool = True,
     ) -> None:
         # The config and the ready file live in workdir (a fresh temporary directory by default).
         # ``listen`` stays port 0; only tests of the off-loopback rules pick another host.
+        # ``from_checkout=False``: an installed ``command`` (a virtualenv's console script) runs with
+        # nothing of this checkout on its path, in workdir.
         workdir = workdir or Path(tempfile.mkdtemp(prefix="ca-externalgrpc-"))
         config = {**with_test_engine(raw_config), "listen": listen, "http_listen": ANY_LOOPBACK_PORT}
         self.config_path = write_config(workdir / f"{name}.yaml", config)
@@ -370,7 +377,13 @@ class ServerProcess(ChildProcess):
         argv = [*self.command, "serve", "--config", str(self.config_path), "--log-level", log_level]
         argv += ["--ready-file", str(self.ready_path)]
         self.ready_path.unlink(missing_ok=True)
-        super().__init__(argv, env=child_env(env), log_path=log_path, name=name)
+        super().__init__(
+            argv,
+            env=child_env(env, from_checkout=from_checkout),
+            cwd=REPO_ROOT if from_checkout else workdir,
+            log_path=log_path,
+            name=name,
+        )
         self._await_ready()
 
     def _await_ready(self) -> None:

@@ -55,6 +55,7 @@ from providers.model import (
     NodeRef,
     NodeTemplate,
 )
+from providers.node_labels import GroupLabels, machine_names
 from providers.single_flight import Flight, SingleFlight
 
 log = logging.getLogger(__name__)
@@ -143,11 +144,14 @@ class Backend:
         settings: SyncSettings | None = None,
         template_overrides: Mapping[str, Callable[[NodeTemplate | None], NodeTemplate | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        group_labels: GroupLabels | None = None,
     ) -> None:
         self.name = name
         self.adapter = adapter
         self.settings = settings or SyncSettings()
         self._template_overrides = dict(template_overrides or {})
+        # Which labels of a real node the CA shows (observe_node) describe its group (providers/node_labels.py).
+        self._group_labels = group_labels or GroupLabels()
         self._clock = clock
         self._snapshot = Snapshot.empty()
         self._books: dict[str, GroupBook] = {}
@@ -256,8 +260,9 @@ class Backend:
     def refresh_listing(self) -> Flight[Snapshot] | None:
         """For the CA's Refresh: the listing to wait for when the snapshot is older than the interval
         (the running one, else a new one), or None: the snapshot is young enough, the backend does not
-        follow Refresh, or its last listing failed (its timer retries by itself)."""
-        if not self.settings.follow_refresh or self._stop.is_set():
+        follow Refresh, its last listing failed (its timer retries by itself), or it is paused (a follower
+        replica reads nothing from the cloud, Refresh included)."""
+        if not self.settings.follow_refresh or self._stop.is_set() or self._paused.is_set():
             return None
         now = self._clock()
         # Held while the listing is asked for: a listing that ends in between swaps the snapshot under
@@ -288,9 +293,11 @@ class Backend:
 
     def reconcile_soon(self) -> None:
         """A listing now and another after LATE_LANDING_RECHECK, past the rate limit: after a write
-        with an unknown outcome, TargetSize must follow the cloud within seconds."""
+        with an unknown outcome, TargetSize must follow the cloud within seconds. Paused (this replica
+        stopped leading while the write was out), only the recheck is noted: the next leader lists itself."""
         now = self._clock()
-        self._listing.since(now)
+        if not self._paused.is_set():
+            self._listing.since(now)
         with self._state_lock:
             self._rechecks.append(now + LATE_LANDING_RECHECK)
         self._wake.set()
@@ -432,14 +439,18 @@ class Backend:
             for inst in group.instances
         )
 
-    def observe_node(self, group_id: str, labels: Mapping[str, str]) -> bool:
-        """Remember the labels a real node of the group carries (templates for scale-from-zero).
+    def observe_node(
+        self, group_id: str, labels: Mapping[str, str], node_name: str = "", provider_id: str = ""
+    ) -> bool:
+        """Remember the labels of a real node of the group that describe the group (templates for
+        scale-from-zero): a label put on that one node (``maintenance=true``), or naming it, is dropped.
 
         Returns True when they differ from what was known (so cached templates must be rebuilt).
         """
-        if not labels or self._observed_labels.get(group_id) == labels:
+        kept = self._group_labels.keep(labels, machine_names(node_name, provider_id))
+        if not kept or self._observed_labels.get(group_id) == kept:
             return False
-        self._observed_labels[group_id] = dict(labels)
+        self._observed_labels[group_id] = kept
         return True
 
     def set_learned_template(self, group_id: str, learned: LearnedTemplate | None) -> None:
@@ -480,7 +491,10 @@ class Backend:
         if learned is not None and _machine_type_changed(learned.template, cloud):
             # The pool now makes another machine type: the last node no longer describes a new one.
             learned = None
-        base, source = (learned.template, learned.source) if learned is not None else (cloud, "cloud")
+        base: NodeTemplate | None = cloud
+        source = "cloud"
+        if learned is not None:
+            base, source = learned_over_cloud(learned.template, cloud), learned.source
         override = self._template_overrides.get(group_id)
         if override is not None:
             template = override(base)
@@ -972,6 +986,22 @@ def _kept_instances(
 
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def learned_over_cloud(learned: NodeTemplate, cloud: NodeTemplate | None) -> NodeTemplate:
+    """A learned template served with the cloud's pool definition: resources from the real node, labels
+    and taints of both, the cloud's winning where they name the same key. So a label or taint the pool
+    gains, changes or drops while the group is at zero shows at once, and a node's stale value of a pool
+    label never hides the pool's."""
+    if cloud is None:
+        return learned
+    defined = {t.key for t in cloud.taints}
+    return NodeTemplate(
+        labels={**learned.labels, **cloud.labels},
+        taints=(*cloud.taints, *(t for t in learned.taints if t.key not in defined)),
+        capacity=learned.capacity,
+        allocatable=learned.allocatable,
+    )
 
 
 def _machine_type_changed(learned: NodeTemplate, cloud: NodeTemplate | None) -> bool:

@@ -75,9 +75,10 @@ class CloudAdapter(abc.ABC):
         """
         return None
 
-    def guard_writes(self, gate: Callable[[str], None]) -> None:
-        """Have every cloud-changing request of this adapter call ``gate("METHOD endpoint")`` just before
-        it is sent; the gate raises ``NotLeader`` to stop it (leader election, server/kube/leader.py).
+    def guard_writes(self, gate: Callable[[str], float | None]) -> None:
+        """Have every cloud-changing request of this adapter call ``gate("METHOD endpoint")`` once its
+        connection is ready, just before it is sent; the gate raises ``NotLeader`` to stop it, else returns
+        the seconds the sending may take (leader election, server/kube/leader.py).
 
         A cloud package must pass the gate to all its transports; the default refuses, so a cloud that
         forgot it cannot run with leader election on and write from a follower.

@@ -16,6 +16,19 @@ class NodeGroupNotFound(DomainError):
         self.group_id = group_id
 
 
+class NodeInNoGroup(DomainError):
+    """A node that no node group of this server holds (PricingNodePrice: no group, so no price)."""
+
+    def __init__(self, name: str, provider_id: str) -> None:
+        super().__init__(
+            f"node {name!r} (providerID {provider_id!r}) is in no node group of this server: neither its "
+            "labels nor its providerID name an autoscaled pool, so it has no price (a node of a pool with "
+            "autoscaling off, or of another cluster, is priced by no one)"
+        )
+        self.name = name
+        self.provider_id = provider_id
+
+
 class InvalidDelta(DomainError):
     """The delta of IncreaseSize/DecreaseTargetSize has the wrong sign."""
 

@@ -19,8 +19,13 @@ A write (POST/PUT/PATCH/DELETE) that ends in such a failure raises ``CloudOutcom
 may have been applied, and the backend reads the cloud back before answering or changing anything else.
 
 The write gate (leader election): with one set (``guard_writes``), every attempt of a cloud-changing
-request asks it just before the bytes go out, retries included, so a replica whose leadership lapsed
-mid-call sends nothing more. This is the one place such requests leave the process.
+request asks it once its connection is ready (name resolved, TCP connected, TLS handshake done, which
+can take up to the connect timeout) and just before the request's bytes go out, retries included, so a
+replica whose leadership lapsed meanwhile sends nothing. The gate answers how long the replica may still
+write, and the request must be sent within that: the socket's send timeout is cut to it. What is sent
+in time reaches the cloud after the network's own delay; the lease margin (``lease_duration -
+renew_deadline``, docs/kubernetes.md) is what keeps a new leader from writing before it. This is the one
+place such requests leave the process.
 
 Connections (urllib3 directly; ``requests`` and its charset detection, IDNA tables and certifi bundle
 cost about 4 MiB of the process's RSS for nothing this client uses):
@@ -61,6 +66,7 @@ from typing import Any
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
 
 import urllib3
+import urllib3.connection
 import urllib3.exceptions
 from urllib3.util.ssl_ import create_urllib3_context
 
@@ -163,6 +169,47 @@ def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -
 
 
 _CHANGE_WAITS = contextvars.ContextVar("change_waits", default=False)
+
+#: A write gate: raises ``NotLeader`` to stop a request, else returns the seconds it may still take to be
+#: sent (None: no bound).
+WriteGate = Callable[[str], float | None]
+# The gate of the attempt this thread is sending (set around one attempt of a gated request).
+_SEND_GATE: contextvars.ContextVar[Callable[[], float | None] | None] = contextvars.ContextVar(
+    "send_gate", default=None
+)
+
+
+class _GatedHTTPConnection(urllib3.connection.HTTPConnection):
+    """A connection that, for a gated request, connects first and asks the gate only then (see module doc)."""
+
+    def request(self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any) -> None:  # type: ignore[override]
+        _ask_gate_when_connected(self)
+        super().request(method, url, body=body, headers=headers, **options)
+
+
+class _GatedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    def request(self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any) -> None:  # type: ignore[override]
+        _ask_gate_when_connected(self)
+        super().request(method, url, body=body, headers=headers, **options)
+
+
+def _ask_gate_when_connected(conn: urllib3.connection.HTTPConnection) -> None:
+    gate = _SEND_GATE.get()
+    if gate is None:
+        return
+    if conn.sock is None:  # plain HTTP connects lazily; urllib3 has connected an HTTPS one already
+        conn.connect()
+    left = gate()  # NotLeader propagates: urllib3 closes the connection, nothing was sent
+    if left is not None and (conn.timeout is None or left < conn.timeout):
+        conn.timeout = max(left, 0.001)  # request() applies it to the socket for the sending
+
+
+class _GatedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _GatedHTTPConnection
+
+
+class _GatedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _GatedHTTPSConnection
 
 
 @contextlib.contextmanager
@@ -301,7 +348,7 @@ class HttpTransport:
         self._metrics: Any = None
         self._backend = ""  # the configured backend these calls serve, for logs (set by instrument)
         self._breaker = _Breaker(breaker, clock, self._breaker_changed)
-        self._write_gate: Callable[[str], None] | None = None
+        self._write_gate: WriteGate | None = None
         self._headers = urllib3.HTTPHeaderDict(
             {"User-Agent": user_agent, "Accept-Encoding": _ACCEPT_ENCODING, "Accept": "application/json"}
         )
@@ -320,9 +367,10 @@ class HttpTransport:
         if metrics is not None:
             metrics.set_breaker_state(self.api, self._breaker.state)
 
-    def guard_writes(self, gate: Callable[[str], None]) -> None:
-        """Call ``gate("METHOD endpoint")`` before every attempt of a cloud-changing request; it raises
-        ``NotLeader`` to stop the request unsent (leader election, server/kube/leader.py)."""
+    def guard_writes(self, gate: WriteGate) -> None:
+        """Call ``gate("METHOD endpoint")`` for every attempt of a cloud-changing request once its
+        connection is ready; it raises ``NotLeader`` to stop the request unsent, else returns how long the
+        sending may take (leader election, server/kube/leader.py)."""
         self._write_gate = gate
 
     def close(self) -> None:
@@ -432,9 +480,15 @@ class HttpTransport:
                 # auth(True) asks for a fresh token; its answer is used for the repeated request.
                 send_headers.update(self._auth(refresh_auth))
                 refresh_auth = False
+            gate = None
             if changes_cloud and self._write_gate is not None:
-                self._check_gate(method, endpoint, maybe_applied, may_land_later)
-            outcome = self._attempt(method, url, endpoint, timeout, body, send_headers, attempt)
+                gate = functools.partial(self._write_gate, f"{method} {endpoint}")
+            try:
+                outcome = self._attempt(method, url, endpoint, timeout, body, send_headers, attempt, gate)
+            except NotLeader as refused:
+                if maybe_applied:  # an earlier attempt of this call may have landed: say so, do not hide it
+                    raise self._final(CloudUnavailable(str(refused)), True, may_land_later) from None
+                raise
             response = outcome.response
 
             if response is not None and response.status == 401 and self._auth is not None and not auth_refreshed:
@@ -502,12 +556,16 @@ class HttpTransport:
         body: bytes | None,
         headers: Mapping[str, str],
         attempt: int,
+        gate: Callable[[], float | None] | None = None,
     ) -> _Outcome:
+        """One attempt. With ``gate``, the connection asks it once ready, just before sending (NotLeader
+        propagates: nothing was sent, and no attempt is counted)."""
         send_headers = self._headers.copy()
         send_headers.update(headers)  # case-insensitive: the caller's value replaces the default
         if body is not None and "Content-Type" not in send_headers:
             send_headers["Content-Type"] = "application/json"
         started = self._clock()
+        token = _SEND_GATE.set(gate)
         try:
             # The body is read here (preload_content), inside the timed section, so a slow body counts
             # as part of the call; the connection then goes back to the pool.
@@ -524,22 +582,14 @@ class HttpTransport:
             outcome = _Outcome(response=response, label=str(response.status))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             outcome = _Outcome(error=exc, **_classify(exc))
+        finally:
+            _SEND_GATE.reset(token)
         seconds = self._clock() - started
         if self._metrics is not None:
             label = outcome.label
             status: int | str = int(label) if label.isdigit() else label
             self._metrics.observe_cloud_request(self.api, endpoint, method, status, seconds, attempt > 1)
         return replace(outcome, seconds=seconds)
-
-    def _check_gate(self, method: str, endpoint: str, maybe_applied: bool, may_land_later: bool) -> None:
-        """The write gate, last thing before the bytes go out (after auth, which may take a while)."""
-        assert self._write_gate is not None
-        try:
-            self._write_gate(f"{method} {endpoint}")
-        except NotLeader as refused:
-            if maybe_applied:  # an earlier attempt of this call may have landed: say so, do not hide it
-                raise self._final(CloudUnavailable(str(refused)), True, may_land_later) from None
-            raise
 
     def _log_attempt(
         self, method: str, endpoint: str, outcome: _Outcome, attempt: int, next_step: str, retry_in: float | None = None
@@ -767,20 +817,29 @@ def _pool_manager(base_url: str) -> urllib3.PoolManager:
     if tls is not None:
         settings["ssl_context"] = tls
     proxy = proxy_for(base_url)
+    manager: urllib3.PoolManager
     if proxy is None:
-        return urllib3.PoolManager(num_pools=_POOL_HOSTS, **settings)
+        manager = urllib3.PoolManager(num_pools=_POOL_HOSTS, **settings)
+        return _gated(manager)
     parts = urlsplit(proxy)
     proxy_headers: dict[str, str] = {}
     if parts.username is not None or parts.password is not None:
         credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
         proxy_headers = urllib3.make_headers(proxy_basic_auth=credentials)
-    return urllib3.ProxyManager(
+    manager = urllib3.ProxyManager(
         urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])),
         num_pools=_POOL_HOSTS,
         proxy_headers=proxy_headers,
         proxy_ssl_context=_tls_context(*_ca_bundle_from_env()) if parts.scheme.lower() == "https" else None,
         **settings,
     )
+    return _gated(manager)
+
+
+def _gated(manager: urllib3.PoolManager) -> urllib3.PoolManager:
+    """Its pools make connections that ask a write gate once connected (``_GatedHTTPConnection``)."""
+    manager.pool_classes_by_scheme = {"http": _GatedHTTPPool, "https": _GatedHTTPSPool}
+    return manager
 
 
 def proxy_for(url: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The ``ca-externalgrpc`` command: serve, validate, status."""
+"""The ``ca-externalgrpc`` command: serve, validate, config from-in-tree, status."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TextIO
 
-from providers.config_errors import ConfigError
+from providers.config_errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
     from server.app import RunningServer
@@ -99,10 +99,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         result = validate_file(args.config, offline=args.offline)
         if result.problems:
             ok = False
-            count = len(result.problems)
-            print(f"{args.config}: INVALID: {count} problem{'s' if count > 1 else ''}")
-            for mistake in result.problems:
-                print(f"  - {mistake}")
+            print_problems(args.config, result.problems)
         elif result.config is None:
             print(f"{args.config}: OK{offline}")
         else:
@@ -124,6 +121,69 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for left_out in check.unchecked:
             print(f"  not checked: {left_out}")
     return 0 if ok else 1
+
+
+def print_problems(subject: str, problems: Sequence[ConfigProblem], file: TextIO = sys.stdout) -> None:
+    """``<subject>: INVALID: N problems`` then one line per problem with its key and fix."""
+    count = len(problems)
+    print(f"{subject}: INVALID: {count} problem{'s' if count > 1 else ''}", file=file)
+    for mistake in problems:
+        print(f"  - {mistake}", file=file)
+
+
+def cmd_config_from_in_tree(args: argparse.Namespace) -> int:
+    import yaml
+
+    from server import from_in_tree
+
+    env: Mapping[str, str] = os.environ
+    current: Mapping[str, Any] | None = None
+    problems: list[ConfigProblem] = []
+    if args.env_file:
+        try:
+            env = from_in_tree.read_env_file(Path(args.env_file))
+        except ConfigError as err:
+            problems += err.problems
+    if args.helm_values:
+        try:
+            current = yaml.safe_load(Path(args.helm_values).read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            reason = err.strerror if isinstance(err, OSError) else f"not valid YAML ({err})"
+            problems.append(
+                ConfigProblem("--helm-values", f"cannot read {args.helm_values}: {reason}", "pass your values file")
+            )
+        else:
+            if not isinstance(current, Mapping):
+                problems.append(ConfigProblem("--helm-values", "expected a YAML mapping", "pass your values file"))
+    subject = f"in-tree {args.cloud_provider} settings"
+    if problems:  # the inputs themselves: converting a half-read environment would report the wrong things
+        print_problems(subject, problems)
+        return 1
+    cloud_config = Path(args.cloud_config) if args.cloud_config else None
+    conversion = from_in_tree.convert(args.cloud_provider, env, cloud_config, args.layout)
+    result = from_in_tree.check(conversion)
+    if result.problems:
+        print_problems(subject, result.problems)
+        return 1
+    secret = args.secret
+    if current is None:
+        current, label = from_in_tree.in_tree_values(conversion, secret), "values of the in-tree install"
+    else:
+        label = args.helm_values
+    text = from_in_tree.config_yaml(conversion)
+    advice = from_in_tree.guidance(conversion, args.cloud_config, current, label, secret)
+    advice += "".join(f"  not checked: {left_out}\n" for left_out in result.unchecked)
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as err:
+            print(f"error: cannot write --output {args.output}: {err.strerror or err}", file=sys.stderr)
+            return 1
+        print(f"{args.output}: written; it passes ca-externalgrpc validate\n{advice}", end="")
+    else:
+        print(text, end="")
+        print(advice, end="", file=sys.stderr)
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -180,6 +240,51 @@ def build_parser() -> argparse.ArgumentParser:
         "list what was left unchecked",
     )
     validate.set_defaults(func=cmd_validate)
+
+    config = sub.add_parser(
+        "config", help="config tools: convert an in-tree provider's settings", formatter_class=DefaultsHelpFormatter
+    )
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    from_in_tree = config_sub.add_parser(
+        "from-in-tree",
+        help="print the server config for a CA that runs the in-tree scaleway or bizflycloud provider, checked "
+        "by validate, with the CA flag changes and the Helm values diff (docs/migration.md)",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    from_in_tree.add_argument(
+        "--cloud-provider",
+        required=True,
+        choices=["scaleway", "bizflycloud"],
+        help="the CA's --cloud-provider today",
+    )
+    from_in_tree.add_argument(
+        "--cloud-config", help="the CA's --cloud-config file today (Scaleway: its JSON; Bizfly: only opened)"
+    )
+    from_in_tree.add_argument(
+        "--env-file",
+        help="the CA's cloud variables as KEY=VALUE lines (kubectl create secret --from-env-file format); "
+        "without it they are read from this process's environment",
+    )
+    from_in_tree.add_argument(
+        "--layout",
+        choices=["sidecar", "service"],
+        default="sidecar",
+        help="sidecar: the server in the CA's pod on loopback; service: its own Deployment and Service with mTLS",
+    )
+    from_in_tree.add_argument(
+        "--secret",
+        default="ca-externalgrpc-credentials",
+        help="the Kubernetes Secret that holds those variables (the chart's envFromSecret); the server reads it",
+    )
+    from_in_tree.add_argument(
+        "--helm-values", help="the in-tree install's Helm values file; the diff is made against it"
+    )
+    from_in_tree.add_argument(
+        "--output",
+        help="write the config there (the rest goes to stdout); without it the config goes to stdout "
+        "and the rest to stderr",
+    )
+    from_in_tree.set_defaults(func=cmd_config_from_in_tree)
 
     status = sub.add_parser(
         "status",

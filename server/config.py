@@ -39,6 +39,7 @@ from providers.config_values import (
 from providers.model import NodeTemplate, Taint
 from providers.scaleway.config import ScalewayConfig
 from server.compat import OptionsOverride
+from server.http_server import HttpLimits
 from server.kube.settings import KubernetesConfig
 from server.node_encoding import is_valid_quantity
 from server.pem_files import ca_bundle_problem, key_pair_problem, unreadable
@@ -48,6 +49,7 @@ __all__ = [
     "BackendConfig",
     "ConfigError",
     "GroupConfig",
+    "HttpConfig",
     "ServerConfig",
     "ServingConfig",
     "TLSConfig",
@@ -166,9 +168,45 @@ class TLSConfig(ConfigModel):
 
 
 class ServingConfig(ConfigModel):
+    """The gRPC port: which engine serves it, and what one client may hold (docs/operations.md)."""
+
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
-    # gRPC port, answers the hot reads and forwards the rest to grpcio (server/native_front.py).
-    engine: one_of(("grpcio", "native"), "serving engine", normalise=str.lower) = "native"  # type: ignore[valid-type]
+    # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py); it is a
+    # wheel of its own, so a plain `pip install` may not have it. auto: native when it is installed,
+    # else grpcio with one log line saying so (server/app.py, choose_engine).
+    engine: one_of(("auto", "grpcio", "native"), "serving engine", normalise=str.lower) = "auto"  # type: ignore[valid-type]
+    # Open client connections; at the limit the longest-idle one is closed for a new one.
+    max_connections: whole_number(1, 100_000, 256) = 256  # type: ignore[valid-type]
+    max_concurrent_streams: whole_number(1, 10_000, 100) = 100  # type: ignore[valid-type]
+    # Bytes of request metadata (HTTP/2 header list); more is RESOURCE_EXHAUSTED for that call.
+    max_header_list_size: whole_number(1024, 1024 * 1024, 16384) = 16384  # type: ignore[valid-type]
+    # The server pings each connection this often (0: never) and closes it without an answer in time.
+    keepalive_time: duration(0, 7 * 24 * 3600) = 60.0  # type: ignore[valid-type]
+    keepalive_timeout: duration(1, 3600) = 20.0  # type: ignore[valid-type]
+    # A client's pings may come this often while it has a call open (grpc-go's enforcement policy).
+    min_ping_interval: duration(1, 24 * 3600) = 300.0  # type: ignore[valid-type]
+    # From accept to the client's HTTP/2 preface and SETTINGS, TLS handshake included.
+    handshake_timeout: duration(1, 600) = 10.0  # type: ignore[valid-type]
+    # A connection with no call open this long gets GOAWAY (0: never).
+    idle_timeout: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
+    # Request message bytes the process holds at once (native engine).
+    request_buffer: whole_number(4 * 1024 * 1024, 16 * 1024**3, 64 * 1024 * 1024) = 64 * 1024 * 1024  # type: ignore[valid-type]
+
+
+class HttpConfig(ConfigModel):
+    """What one client may hold on the probe/metrics port (``http_listen``; server/http_server.py)."""
+
+    max_connections: whole_number(4, 10_000, 100) = 100  # type: ignore[valid-type]
+    request_timeout: duration(0.5, 60) = 5.0  # type: ignore[valid-type]
+    idle_timeout: duration(1, 3600) = 30.0  # type: ignore[valid-type]
+
+    @property
+    def limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_connections=self.max_connections,
+            request_timeout=self.request_timeout,
+            idle_timeout=self.idle_timeout,
+        )
 
 
 class LogConfig(ConfigModel):
@@ -318,6 +356,7 @@ class BackendConfig(ConfigModel):
 class ServerConfig(ConfigModel):
     listen: Address = ("127.0.0.1", 8086)
     http_listen: Annotated[tuple[str, int] | None, BeforeValidator(_optional_address)] = ("127.0.0.1", 8087)
+    http: HttpConfig = HttpConfig()
     allow_plaintext_non_loopback: Flag = False
     tls: Annotated[TLSConfig | None, BeforeValidator(lambda value: value or None)] = None  # tls: {} = no TLS
     shutdown_grace: duration(0, 3600) = 15.0  # type: ignore[valid-type]

@@ -7,6 +7,7 @@ from server.rpc import Code
 
 STATUS_FOR: tuple[tuple[type[e.DomainError], Code], ...] = (
     (e.NodeGroupNotFound, Code.NOT_FOUND),
+    (e.NodeInNoGroup, Code.NOT_FOUND),
     (e.InvalidDelta, Code.INVALID_ARGUMENT),
     (e.InvalidRequest, Code.INVALID_ARGUMENT),
     (e.SizeLimitExceeded, Code.FAILED_PRECONDITION),

@@ -8,6 +8,7 @@ logs do not depend on the engine. Health and reflection are grpcio's own service
 
 from __future__ import annotations
 
+import threading
 from concurrent import futures
 from typing import Any
 
@@ -15,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from server.config import ServerConfig
+from server.config import ServerConfig, ServingConfig
 from server.rpc import MAX_ANSWER_BYTES, Code, Dispatcher
 
 #: grpc.StatusCode by our numbers
@@ -27,31 +28,46 @@ class GrpcioEngine:
 
     def __init__(self, config: ServerConfig, dispatcher: Dispatcher, service_name: str) -> None:
         self.executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
-        self.server = grpc.server(
-            self.executor,
-            options=[("grpc.so_reuseport", 0), ("grpc.max_send_message_length", MAX_ANSWER_BYTES)],
-        )
-        handlers = {
+        self.options = channel_options(config.serving)
+        self.handlers = {
             m.name: grpc.unary_unary_rpc_method_handler(_behavior(dispatcher, m.path))
             for m in dispatcher.methods.values()
         }
-        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service_name, handlers),))
-        self.server.add_registered_method_handlers(service_name, handlers)
+        self.service_name = service_name
         self.health = health.HealthServicer(experimental_non_blocking=True)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        self.server = self._new_server()
         self.port = 0
+        self._address = ""
+        self._credentials: grpc.ServerCredentials | None = None
+        self._swap = threading.Lock()
+        self._stopping = False  # under _swap: once stop() began, drop_connections starts no server
+
+    def _new_server(self) -> grpc.Server:
+        server = grpc.server(self.executor, options=self.options)
+        generic = grpc.method_handlers_generic_handler(self.service_name, self.handlers)
+        server.add_generic_rpc_handlers((generic,))
+        server.add_registered_method_handlers(self.service_name, self.handlers)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = (self.service_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        return server
 
     def bind(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
         """Add the listening port (0 when grpcio could not bind it); the kernel's port for port 0."""
+        self.port = self._add_port(self.server, address, credentials)
+        if self.port:
+            self._address = f"{address.rsplit(':', 1)[0]}:{self.port}"
+            self._credentials = credentials
+        return self.port
+
+    @staticmethod
+    def _add_port(server: grpc.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
         try:
             if credentials is not None:
-                self.port = self.server.add_secure_port(address, credentials)
-            else:
-                self.port = self.server.add_insecure_port(address)
+                return int(server.add_secure_port(address, credentials))
+            return int(server.add_insecure_port(address))
         except RuntimeError:  # lost a race for the port since the caller's check
-            self.port = 0
-        return self.port
+            return 0
 
     def start(self) -> None:
         self.server.start()
@@ -65,8 +81,62 @@ class GrpcioEngine:
     def submit(self, task: Any) -> Any:
         return self.executor.submit(task)
 
+    def drop_connections(self, grace: float) -> None:
+        """GOAWAY to every client connection while the port keeps listening: clients reconnect.
+
+        grpcio closes connections only by stopping a server, so a second server with the same handlers,
+        health servicer and pool starts on the same port first (both listen with SO_REUSEPORT), then the
+        first stops: GOAWAY, open calls get ``grace`` seconds, and new connections reach the second.
+        """
+        with self._swap:
+            if self._stopping:
+                return  # stop() drains every connection itself
+            old = self.server
+            new = self._new_server()
+            if self._add_port(new, self._address, self._credentials) != self.port:
+                raise OSError(f"cannot listen on {self._address} again to drop the connections")
+            new.start()
+            self.server = new
+        old.stop(grace)
+
     def stop(self, grace: float) -> None:
-        self.server.stop(grace).wait(grace + 1)
+        with self._swap:
+            self._stopping = True
+            server = self.server
+        server.stop(grace).wait(grace + 1)
+
+
+def channel_options(serving: ServingConfig) -> list[tuple[str, int]]:
+    """The limits of ``serving.*`` as grpcio's channel arguments (docs/operations.md says which apply)."""
+
+    def ms(seconds: float) -> int:
+        return round(seconds * 1000)
+
+    options = [
+        # Both servers of drop_connections listen on the port for a moment; app._bind_problem still
+        # refuses a port another process holds (its probe socket does not set SO_REUSEPORT).
+        ("grpc.so_reuseport", 1),
+        ("grpc.max_send_message_length", MAX_ANSWER_BYTES),
+        ("grpc.max_concurrent_streams", serving.max_concurrent_streams),
+        ("grpc.max_metadata_size", serving.max_header_list_size),
+        ("grpc.absolute_max_metadata_size", serving.max_header_list_size),
+        ("grpc.max_allowed_incoming_connections", serving.max_connections),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms(serving.min_ping_interval)),
+        ("grpc.http2.max_ping_strikes", 2),
+        # Keep-alive pings go on without data and without calls, as the native front's do: a dead peer
+        # is found on an idle connection or under a silent health Watch too.
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.server_handshake_timeout_ms", ms(serving.handshake_timeout)),
+    ]
+    if serving.keepalive_time:
+        options.append(("grpc.keepalive_time_ms", ms(serving.keepalive_time)))
+        options.append(("grpc.keepalive_timeout_ms", ms(serving.keepalive_timeout)))
+        # grpc core waits for a keep-alive ping's answer this long (1 minute by default), not the above.
+        options.append(("grpc.http2.ping_timeout_ms", ms(serving.keepalive_timeout)))
+    if serving.idle_timeout:
+        options.append(("grpc.max_connection_idle_ms", ms(serving.idle_timeout)))
+    return options
 
 
 def credentials(cert: bytes, key: bytes, client_ca: bytes | None) -> grpc.ServerCredentials:

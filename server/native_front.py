@@ -1,4 +1,4 @@
-"""The native serving engine (``serving.engine: native``, the default): a Rust front, no grpcio.
+"""The native serving engine (``serving.engine: native``, and ``auto`` when installed): a Rust front, no grpcio.
 
 grpcio costs about 500 µs per call here whatever the handler does, twice grpc-go, and the CA's loop is
 thousands of strictly sequential reads; grpcio also costs about 15 MiB of RSS (docs/performance.md).
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from providers.errors import DomainError
+from server.config import ServingConfig
 from server.rpc import MAX_ANSWER_BYTES, Dispatcher, ReflectionData
 from server.service import UNMANAGED_ANSWER, CloudProviderService
 
@@ -43,18 +44,24 @@ log = logging.getLogger(__name__)
 NativeCalls = list[tuple[str, str, int, list[int], float]]
 
 
+#: how to get the extension, for every message that says it is missing
+INSTALL_NATIVE = (
+    "install the server with its native extra, pip install 'ca-externalgrpc-server[native]' (the "
+    "ca-externalgrpc-native wheel, which make wheels builds), or run make install in a checkout"
+)
+
+
 class NativeEngineMissing(ImportError):
-    """The extension is not installed in this environment."""
+    """The extension is not installed in this environment (or does not load here)."""
 
 
 def load_extension() -> Any:
     try:
         import ca_externalgrpc_native
     except ImportError as err:
-        raise NativeEngineMissing(
-            f"the native serving engine is not installed ({err}); run `make install` (builds native/ with "
-            "Rust and maturin) or set serving.engine: grpcio"
-        ) from None
+        # ImportError also covers an extension that is there but cannot load (a glibc older than the
+        # one it was linked against): the reason says which.
+        raise NativeEngineMissing(f"the native serving engine is not installed ({err})") from None
     return ca_externalgrpc_native
 
 
@@ -70,6 +77,7 @@ class NativeFront:
         reflection: ReflectionData,
         tls: tuple[bytes, bytes, bytes | None] | None,
         python_threads: int,
+        serving: ServingConfig,
         # One network thread: the CA's calls come one at a time on one connection, and a second thread
         # only added wake-ups of its own to each call (docs/performance.md, "One write per call").
         threads: int = 1,
@@ -87,6 +95,7 @@ class NativeFront:
             client_ca=client_ca,
             threads=threads,
             python_threads=python_threads,
+            **front_limits(serving),
         )
         self._front.set_reflection(reflection.services, reflection.files, reflection.symbols)
         self._lock = threading.Lock()  # one publication at a time: a slower, older one never lands last
@@ -158,6 +167,10 @@ class NativeFront:
             self._front.publish(**tables)
             self._lookups = lookups
 
+    def drop_connections(self, grace: float) -> None:
+        """GOAWAY to every client connection; open calls get ``grace`` seconds; the port keeps listening."""
+        self._front.drop_connections(grace)
+
     def native_calls(self) -> NativeCalls:
         calls: NativeCalls = self._front.native_calls()
         return calls
@@ -165,6 +178,21 @@ class NativeFront:
     def stop(self, grace: float) -> None:
         """Stop accepting, let open calls (Python's too) finish for at most ``grace`` seconds."""
         self._front.stop(grace)
+
+
+def front_limits(serving: ServingConfig) -> dict[str, Any]:
+    """``serving.*`` as the front's keyword arguments (seconds; None for "never")."""
+    return {
+        "max_connections": serving.max_connections,
+        "max_concurrent_streams": serving.max_concurrent_streams,
+        "max_header_list_size": serving.max_header_list_size,
+        "keepalive_time": serving.keepalive_time or None,
+        "keepalive_timeout": serving.keepalive_timeout,
+        "min_ping_interval": serving.min_ping_interval,
+        "handshake_timeout": serving.handshake_timeout,
+        "idle_timeout": serving.idle_timeout or None,
+        "request_buffer": serving.request_buffer,
+    }
 
 
 def _fits(message: Any) -> bytes | None:

@@ -17,15 +17,13 @@ What the probes mean (docs/operations.md, "Probes"):
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from server.http_server import TEXT, Answer, BoundedHttpServer, HttpLimits
 from server.metrics import EXPOSITION_CONTENT_TYPE, Metrics
 
 log = logging.getLogger(__name__)
@@ -138,81 +136,31 @@ def _backend_state(backend: Any) -> str:
 # ---------------------------------------------------------------------- the HTTP server
 
 
-class HttpEndpoint:
-    """A running probe/metrics HTTP server; ``.port`` is the bound port (useful with port 0)."""
-
-    def __init__(self, httpd: ThreadingHTTPServer, thread: threading.Thread) -> None:
-        self._httpd = httpd
-        self._thread = thread
-        self.host = httpd.server_address[0]
-        self.port = int(httpd.server_address[1])
-
-    def stop(self) -> None:
-        # The serving loop blocks in select() with no timeout (no periodic wake-ups while idle): shutting
-        # the listening socket down makes select() return at once, so the loop sees the stop request.
-        with contextlib.suppress(OSError):
-            self._httpd.socket.shutdown(socket.SHUT_RDWR)
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-
-def serve_http(host: str, port: int, metrics: Metrics | None, live: Check | None, ready: Check | None) -> HttpEndpoint:
-    """Serve /metrics, /healthz and /readyz in a daemon thread; return at once.
+def serve_http(
+    host: str,
+    port: int,
+    metrics: Metrics | None,
+    live: Check | None,
+    ready: Check | None,
+    limits: HttpLimits | None = None,
+) -> BoundedHttpServer:
+    """Serve /metrics, /healthz and /readyz in a daemon thread (server/http_server.py); return at once.
 
     ``live`` and ``ready`` return ``(ok, reason)``; the reason is the body (200 or 503). A check
     that raises answers 503 naming the exception type.
     """
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "ca-externalgrpc"
-        sys_version = ""
+    def route(path: str) -> Answer:
+        if path == "/metrics":
+            if metrics is None:
+                return 404, b"metrics disabled\n", TEXT
+            return 200, metrics.exposition(), EXPOSITION_CONTENT_TYPE
+        if path in ("/healthz", "/readyz"):
+            ok, reason = _run_check(live if path == "/healthz" else ready, path)
+            return (200 if ok else 503), reason.encode() + b"\n", TEXT
+        return 404, b"not found: try /metrics, /healthz, /readyz\n", TEXT
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server API
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                if metrics is None:
-                    self._reply(404, b"metrics disabled\n")
-                else:
-                    self._reply(200, metrics.exposition(), EXPOSITION_CONTENT_TYPE)
-            elif path in ("/healthz", "/readyz"):
-                ok, reason = _run_check(live if path == "/healthz" else ready, path)
-                self._reply(200 if ok else 503, reason.encode() + b"\n")
-            else:
-                self._reply(404, b"not found: try /metrics, /healthz, /readyz\n")
-
-        def do_HEAD(self) -> None:  # noqa: N802
-            self.do_GET()
-
-        def _reply(self, status: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server API
-            log.debug("http %s", format % args)
-
-    bind_host = host.strip("[]")
-    httpd = _server_class(bind_host)((bind_host, port), Handler)
-    # No poll interval: the loop sleeps until a request or stop() (an idle server spends no CPU).
-    thread = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": None}, name="http-probes", daemon=True
-    )
-    thread.start()
-    return HttpEndpoint(httpd, thread)
-
-
-def _server_class(host: str) -> type[ThreadingHTTPServer]:
-    if ":" not in host:
-        return ThreadingHTTPServer
-
-    class V6Server(ThreadingHTTPServer):
-        address_family = socket.AF_INET6
-
-    return V6Server
+    return BoundedHttpServer(host.strip("[]"), port, route, limits)
 
 
 def _run_check(check: Check | None, path: str) -> tuple[bool, str]:
@@ -226,7 +174,7 @@ def _run_check(check: Check | None, path: str) -> tuple[bool, str]:
     return bool(ok), str(reason)
 
 
-def serve_probes(host: str, port: int, running: Any) -> HttpEndpoint:
+def serve_probes(host: str, port: int, running: Any) -> BoundedHttpServer:
     """The probe/metrics endpoint of a ``server.app.RunningServer``."""
     backends = running.registry.backends
     return serve_http(
@@ -237,4 +185,5 @@ def serve_probes(host: str, port: int, running: Any) -> HttpEndpoint:
         ready=lambda: readiness(
             running.draining, backends, running.leadership.readiness if running.leadership is not None else None
         ),
+        limits=running.config.http.limits,
     )

@@ -20,7 +20,7 @@ from protos import externalgrpc_pb2 as pb
 from providers.backend import Backend
 from providers.cloud import CloudAdapter
 from providers.deadline import Deadline
-from providers.errors import DomainError, InvalidRequest, NodeGroupNotFound, NotSupported
+from providers.errors import DomainError, InvalidRequest, NodeGroupNotFound, NodeInNoGroup, NotSupported
 from providers.model import GroupState, Instance, NodeRef
 from providers.registry import Registry
 from server import compat
@@ -288,7 +288,10 @@ class CloudProviderService:
             if self._observed.get(gid) != version:
                 # A real node of this group: remember its labels for scale-from-zero templates.
                 self._observed[gid] = version
-                if backend.observe_node(gid, dict(node.labels)) and self.on_template_changed is not None:
+                if (
+                    backend.observe_node(gid, dict(node.labels), node.name, node.providerID)
+                    and self.on_template_changed is not None
+                ):
                     self.on_template_changed(gid)
             if self.on_labels_recorded is not None:
                 self.on_labels_recorded(gid)
@@ -313,7 +316,7 @@ class CloudProviderService:
             # Most likely a node (or a template node) of a cloud without prices: the CA's price expander
             # must see ErrNotImplemented for it, not an error.
             raise NotSupported("this node belongs to no backend that prices nodes")
-        raise NodeGroupNotFound(node.labels.get("k8s.scaleway.com/pool", "") or node.provider_id or node.name)
+        raise NodeInNoGroup(node.name, node.provider_id)
 
     @rpc()
     def PricingPodPrice(self, request: pb.PricingPodPriceRequest, context: CallContext) -> pb.PricingPodPriceResponse:

@@ -7,13 +7,14 @@
 //! reconnects to whatever serves next).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::conn::Conn;
 use crate::grpc::{self, Status};
 use crate::wire;
 
@@ -118,28 +119,51 @@ pub fn check(health: &Health, request: &[u8]) -> Result<Bytes, Status> {
     }
 }
 
-/// Feed a `Watch` answer until the client leaves, its deadline passes or `stopping` turns `Some`.
-pub async fn watch_stream(
-    mut statuses: watch::Receiver<Option<i32>>,
-    stream: grpc::Stream,
-    deadline: Option<Instant>,
-    mut stopping: watch::Receiver<Option<Duration>>,
-) {
+/// What ends a `Watch` besides the client: its deadline, the front stopping, its connection asked
+/// to go away (the client then watches again on a new connection).
+pub struct Ends {
+    pub deadline: Option<Instant>,
+    pub stopping: watch::Receiver<Option<Duration>>,
+    pub conn: Arc<Conn>,
+}
+
+/// Feed a `Watch` answer until the client leaves or one of `ends` comes.
+pub async fn watch_stream(mut statuses: watch::Receiver<Option<i32>>, stream: grpc::Stream, ends: Ends) {
+    let Ends {
+        deadline,
+        mut stopping,
+        conn,
+    } = ends;
     let far = Instant::now() + Duration::from_secs(86400 * 365);
+    let until = deadline.unwrap_or(far);
+    let expired = || Status::new(grpc::DEADLINE_EXCEEDED, "Deadline Exceeded");
     let mut last = None;
     let end = loop {
         let current = statuses.borrow_and_update().unwrap_or(SERVICE_UNKNOWN);
         if last != Some(current) {
-            if !stream.send(&response(current)).await {
-                return;
+            // A client that reads nothing does not hold the stream past its deadline either.
+            let message = response(current);
+            tokio::select! {
+                sent = stream.send(&message) => if !sent { return },
+                () = tokio::time::sleep_until(until) => break expired(),
             }
             last = Some(current);
         }
-        tokio::select! {
-            changed = statuses.changed() => if changed.is_err() { break Status::new(grpc::UNAVAILABLE, "the server is stopping") },
-            _ = stopping.wait_for(Option::is_some) => break Status::new(grpc::UNAVAILABLE, "the server is stopping"),
-            () = tokio::time::sleep_until(deadline.unwrap_or(far)) => break Status::new(grpc::DEADLINE_EXCEEDED, "Deadline Exceeded"),
+        let stopped = tokio::select! {
+            changed = statuses.changed() => if changed.is_err() { break Status::new(grpc::UNAVAILABLE, "the server is stopping") } else { false },
+            _ = stopping.wait_for(Option::is_some) => true,
+            _ = conn.going_away() => break Status::new(grpc::UNAVAILABLE, "the server is closing this connection; watch again"),
+            () = tokio::time::sleep_until(until) => break expired(),
             () = stream.closed() => return,
+        };
+        if stopped {
+            // A drain sets NOT_SERVING just before the front stops, and select! picks either branch
+            // when both are ready: send the last status first, so that the client sees it.
+            let current = statuses.borrow_and_update().unwrap_or(SERVICE_UNKNOWN);
+            if last != Some(current) && !stream.send(&response(current)).await {
+                return;
+            }
+            break Status::new(grpc::UNAVAILABLE, "the server is stopping");
         }
     };
     stream.finish(end).await;
@@ -219,7 +243,12 @@ mod tests {
         let (stop, stopping) = watch::channel(None);
         let (response, stream) = grpc::streamed();
         let mut body = response.into_body();
-        tokio::spawn(watch_stream(h.watch("s"), stream, None, stopping));
+        let ends = Ends {
+            deadline: None,
+            stopping,
+            conn: Conn::detached(),
+        };
+        tokio::spawn(watch_stream(h.watch("s"), stream, ends));
         assert_eq!(
             next(&mut body).await,
             "message [8, 3]",
@@ -238,6 +267,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_watch_sees_not_serving_when_a_drain_stops_the_front_at_once() {
+        // Shutdown and stop come together; many rounds, since select! picks a ready branch at random.
+        for _ in 0..64 {
+            let h = Health::default();
+            h.set("", 1);
+            let (stop, stopping) = watch::channel(None);
+            let (response, stream) = grpc::streamed();
+            let mut body = response.into_body();
+            let ends = Ends {
+                deadline: None,
+                stopping,
+                conn: Conn::detached(),
+            };
+            tokio::spawn(watch_stream(h.watch(""), stream, ends));
+            assert_eq!(next(&mut body).await, "message [8, 1]");
+            h.shutdown();
+            stop.send(Some(Duration::ZERO)).unwrap();
+            assert_eq!(next(&mut body).await, "message [8, 2]");
+            assert_eq!(next(&mut body).await, "status \"14\"");
+        }
+    }
+
+    #[tokio::test]
     async fn a_watch_ends_at_its_deadline() {
         let h = Health::default();
         h.set("", 1);
@@ -245,7 +297,12 @@ mod tests {
         let (response, stream) = grpc::streamed();
         let mut body = response.into_body();
         let deadline = Instant::now() + Duration::from_millis(20);
-        tokio::spawn(watch_stream(h.watch(""), stream, Some(deadline), stopping));
+        let ends = Ends {
+            deadline: Some(deadline),
+            stopping,
+            conn: Conn::detached(),
+        };
+        tokio::spawn(watch_stream(h.watch(""), stream, ends));
         assert_eq!(next(&mut body).await, "message [8, 1]");
         assert_eq!(next(&mut body).await, "status \"4\"");
     }

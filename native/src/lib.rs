@@ -11,7 +11,10 @@
 //! * answers UNIMPLEMENTED `Method not found!` to anything else.
 //!
 //! ```text
-//! Front(host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8)
+//! Front(host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8,
+//!       max_connections=256, max_concurrent_streams=100, max_header_list_size=16384, keepalive_time=60.0,
+//!       keepalive_timeout=20.0, min_ping_interval=300.0, handshake_timeout=10.0, idle_timeout=300.0,
+//!       request_buffer=67108864)
 //! ```
 //!
 //! * `host`, `port`: where to listen (every address `host` resolves to; port 0 picks one, see `port`).
@@ -27,20 +30,26 @@
 //!   answered INTERNAL `the server failed to answer; see its log`. When the client's deadline passes
 //!   first, the call is answered DEADLINE_EXCEEDED `Deadline Exceeded` at that moment and Python's
 //!   answer is dropped; a call the client abandoned before a pool thread took it never reaches Python.
+//!   The deadline runs from the request's headers on every call: reading the request counts.
 //! * `methods`: the full paths `dispatch` serves (all unary-unary). The request is checked before
-//!   Python sees it: a compressed message is UNIMPLEMENTED, one over 4 MiB RESOURCE_EXHAUSTED, no
-//!   message, several or a truncated frame INTERNAL. Health and reflection paths are always native.
+//!   Python sees it: a message over 4 MiB (compressed or not) is RESOURCE_EXHAUSTED; no message,
+//!   several, a truncated frame, or a compressed flag without `grpc-encoding` INTERNAL; an encoding
+//!   other than identity, gzip and deflate UNIMPLEMENTED. A unary call is answered once its message is
+//!   in, without waiting for the client's half-close. Health and reflection paths are always native.
 //! * `cert`, `key`, `client_ca`: PEM bytes; with `client_ca`, clients must present a certificate it signed.
 //! * `threads`: the runtime's worker threads (the network and the native answers).
 //! * `python_threads`: at most this many `dispatch` (and `submit`) calls run at once.
+//! * the limits on client connections (`serving.*` of `server/config.py`; seconds, `None` for never
+//!   where it applies): see `conn::Limits`.
 //!
 //! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`,
 //! `learn_template(group, answer)`, `forget_template(group)` (the tables, see `answers.rs`);
-//! `set_health(service, status)`, `shutdown_health()`;
-//! `set_reflection(services, files, symbols)`; `submit(callable)`; `native_calls()`; `stop(grace)`.
+//! `set_health(service, status)`, `shutdown_health()`; `set_reflection(services, files, symbols)`;
+//! `submit(callable)`; `native_calls()`; `drop_connections(grace)`; `stop(grace)`.
 
 pub mod answers;
 pub mod coalesce;
+pub mod conn;
 pub mod grpc;
 pub mod health;
 pub mod reflection;
@@ -63,6 +72,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use answers::Tables;
+use conn::Limits;
 use grpc::Status;
 use reflection::Catalog;
 use serve::{Call, Dispatch, Shared, DISPATCH_FAILED};
@@ -158,7 +168,12 @@ fn poisoned<T>(_: T) -> PyErr {
 impl Front {
     /// Bind and serve; see the module documentation for the arguments.
     #[new]
-    #[pyo3(signature = (host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8))]
+    #[pyo3(signature = (
+        host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8,
+        max_connections=256, max_concurrent_streams=100, max_header_list_size=16384, keepalive_time=Some(60.0),
+        keepalive_timeout=20.0, min_ping_interval=300.0, handshake_timeout=10.0, idle_timeout=Some(300.0),
+        request_buffer=67108864,
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         host: &str,
@@ -171,7 +186,38 @@ impl Front {
         client_ca: Option<Vec<u8>>,
         threads: usize,
         python_threads: usize,
+        max_connections: usize,
+        max_concurrent_streams: u32,
+        max_header_list_size: u32,
+        keepalive_time: Option<f64>,
+        keepalive_timeout: f64,
+        min_ping_interval: f64,
+        handshake_timeout: f64,
+        idle_timeout: Option<f64>,
+        request_buffer: usize,
     ) -> PyResult<Self> {
+        let seconds = |name: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| PyValueError::new_err(format!("{name} must be a positive number of seconds")))
+        };
+        if max_connections == 0 || max_concurrent_streams == 0 || max_header_list_size == 0 {
+            return Err(PyValueError::new_err(
+                "max_connections, max_concurrent_streams and max_header_list_size must be at least 1",
+            ));
+        }
+        let limits = Limits {
+            max_connections,
+            max_concurrent_streams,
+            max_header_list_size,
+            keepalive_time: keepalive_time.map(|t| seconds("keepalive_time", t)).transpose()?,
+            keepalive_timeout: seconds("keepalive_timeout", keepalive_timeout)?,
+            min_ping_interval: seconds("min_ping_interval", min_ping_interval)?,
+            handshake_timeout: seconds("handshake_timeout", handshake_timeout)?,
+            idle_timeout: idle_timeout.map(|t| seconds("idle_timeout", t)).transpose()?,
+            request_buffer,
+        };
         let tls = match (cert, key) {
             (Some(cert), Some(key)) => {
                 Some(tls_acceptor(&cert, &key, client_ca.as_deref()).map_err(PyValueError::new_err)?)
@@ -198,6 +244,7 @@ impl Front {
             methods,
             Box::new(PyDispatch(dispatch)),
             stopping.clone(),
+            limits,
         ));
         let done = runtime.spawn(serve::serve(listeners, tls, shared.clone(), stopping));
         Ok(Front {
@@ -349,6 +396,15 @@ impl Front {
     /// natively with status OK: the five table methods and health `Check`.
     fn native_calls(&self) -> Vec<(String, String, u64, Vec<u64>, f64)> {
         self.shared.metrics.read()
+    }
+
+    /// GOAWAY to every client connection, and keep listening: clients reconnect (a CA through its
+    /// Service, to whichever replica serves next). Open calls get `grace` seconds, then their
+    /// connection closes; health `Watch` streams end at once (UNAVAILABLE: the client watches again).
+    fn drop_connections(&self, grace: f64) {
+        self.shared
+            .connections
+            .go_away_all(Duration::from_secs_f64(grace.max(0.0)));
     }
 
     /// Stop accepting, let open calls (those waiting on Python too) finish for at most `grace` seconds,

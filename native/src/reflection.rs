@@ -169,21 +169,37 @@ impl Reflection {
     }
 }
 
-/// Answer a reflection stream: one response per request message, OK when the client half-closes.
-pub async fn serve_stream(reflection: Arc<Reflection>, mut body: hyper::body::Incoming, stream: grpc::Stream) {
-    let mut deframer = grpc::Deframer::default();
-    loop {
-        match grpc::next_message(&mut body, &mut deframer).await {
-            Ok(Some(request)) => {
-                if !stream.send(&reflection.current().answer(&request)).await {
-                    return;
+/// Answer a reflection stream: one response per request message, OK when the client half-closes,
+/// DEADLINE_EXCEEDED when its deadline passes first.
+pub async fn serve_stream(
+    reflection: Arc<Reflection>,
+    mut body: hyper::body::Incoming,
+    mut deframer: grpc::Deframer,
+    deadline: Option<std::time::Instant>,
+    stream: grpc::Stream,
+) {
+    let far = tokio::time::Instant::now() + std::time::Duration::from_secs(86400 * 365);
+    let until = deadline.map_or(far, Into::into);
+    // The deadline bounds reading the requests and sending the answers alike.
+    let served = tokio::time::timeout_at(until, async {
+        loop {
+            match grpc::next_message(&mut body, &mut deframer).await {
+                Ok(Some(request)) => {
+                    if !stream.send(&reflection.current().answer(&request.message)).await {
+                        return None;
+                    }
                 }
+                Ok(None) => return Some(grpc::Status::new(grpc::OK, "")),
+                Err(status) => return status,
             }
-            Ok(None) => return stream.finish(grpc::Status::new(grpc::OK, "")).await,
-            Err(Some(status)) => return stream.finish(status).await,
-            Err(None) => return,
         }
-    }
+    });
+    let end = match served.await {
+        Ok(Some(status)) => status,
+        Ok(None) => return, // the client broke the stream or left: nobody to answer
+        Err(_) => grpc::Status::new(grpc::DEADLINE_EXCEEDED, "Deadline Exceeded"),
+    };
+    stream.finish(end).await;
 }
 
 #[cfg(test)]

@@ -17,15 +17,22 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use std::future::Future;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::answers::{decide, CallMetrics, Decision, Published, HEALTH_CHECK, METHODS, SERVICE};
 use crate::coalesce::{Coalescing, InlineFirst};
-use crate::grpc::{self, answer, answer_or_status, read_unary, trailers_only, ResponseBody, Status};
+use crate::conn::{
+    header_list_size, idle_deadline, Conn, Connections, FrameWatch, Guarded, Limits, Registered, Reservation,
+    StreamGuard, HARD_HEADER_LIST_SIZE,
+};
+use crate::grpc::{
+    self, answer, answer_or_status, read_unary, trailers_only, Deframer, Encoding, Received, ResponseBody, Status,
+};
 use crate::health::{self, Health};
 use crate::reflection::{self, Reflection};
 
@@ -37,6 +44,8 @@ pub struct Call {
     /// The full path, `/package.Service/Method`.
     pub method: String,
     pub request: Bytes,
+    /// The request bytes held for the call until Python is done with it.
+    pub held: Reservation,
     pub deadline: Option<Instant>,
     /// The request's headers but the gRPC protocol's own and binary (`-bin`) ones.
     pub metadata: Vec<(String, String)>,
@@ -50,12 +59,19 @@ pub trait Dispatch: Send + Sync + 'static {
     fn dispatch(&self, call: Call) -> Result<Bytes, Status>;
 }
 
+/// How long a connection asked to go away because it is idle may take to close.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// The least time a connection asked to go away is given, to write its GOAWAY.
+const GOAWAY_WRITE: Duration = Duration::from_millis(100);
+
 /// What every connection shares.
 pub struct Shared {
     pub published: Published,
     pub metrics: CallMetrics,
     pub health: Health,
     pub reflection: Arc<Reflection>,
+    pub connections: Arc<Connections>,
+    limits: Limits,
     /// The full paths `dispatch` serves.
     methods: HashSet<String>,
     dispatch: Box<dyn Dispatch>,
@@ -69,8 +85,11 @@ impl Shared {
         methods: HashSet<String>,
         dispatch: Box<dyn Dispatch>,
         stopping: watch::Receiver<Option<Duration>>,
+        limits: Limits,
     ) -> Self {
         Shared {
+            connections: Arc::new(Connections::new(limits.clone())),
+            limits,
             published: Published::default(),
             metrics: CallMetrics::new(bounds),
             health: Health::default(),
@@ -153,7 +172,6 @@ impl Drop for Abandoned {
 /// then dropped). A call still queued for the pool when abandoned never reaches Python.
 async fn call_python(shared: &Arc<Shared>, call: Call) -> Response<ResponseBody> {
     let deadline = call.deadline;
-    let expired = || Status::new(grpc::DEADLINE_EXCEEDED, "Deadline Exceeded");
     let abandoned = Arc::new(AtomicBool::new(false));
     let _abandoned_on_drop = Abandoned(abandoned.clone());
     let worker = shared.clone();
@@ -174,8 +192,63 @@ async fn call_python(shared: &Arc<Shared>, call: Call) -> Response<ResponseBody>
     answer_or_status(joined.unwrap_or_else(|_| Err(Status::new(grpc::INTERNAL, DISPATCH_FAILED))))
 }
 
+/// `future`'s answer, or DEADLINE_EXCEEDED once `deadline` passes.
+async fn within<T>(deadline: Option<Instant>, future: impl Future<Output = Result<T, Status>>) -> Result<T, Status> {
+    match deadline {
+        None => future.await,
+        Some(deadline) => tokio::time::timeout_at(deadline.into(), future)
+            .await
+            .unwrap_or_else(|_| Err(expired())),
+    }
+}
+
+fn expired() -> Status {
+    Status::new(grpc::DEADLINE_EXCEEDED, "Deadline Exceeded")
+}
+
+/// DEADLINE_EXCEEDED if `deadline` has passed (a message read in time may be answered too late).
+fn still_in_time(deadline: Option<Instant>) -> Result<(), Status> {
+    match deadline {
+        Some(deadline) if Instant::now() >= deadline => Err(expired()),
+        _ => Ok(()),
+    }
+}
+
+/// What the headers of a gRPC call say before its body is read: its deadline and encoding, or the
+/// status that refuses it (UNIMPLEMENTED only for an encoding it does not know).
+fn admit(
+    shared: &Shared,
+    parts: &http::request::Parts,
+    started: Instant,
+) -> Result<(Option<Instant>, Encoding), Status> {
+    let size = header_list_size(parts);
+    let limit = shared.limits.max_header_list_size as usize;
+    if size > limit {
+        return Err(Status::new(
+            grpc::RESOURCE_EXHAUSTED,
+            format!("the request's metadata is {size} bytes, over the server's limit of {limit} (serving.max_header_list_size)"),
+        ));
+    }
+    let deadline = match parts.headers.get("grpc-timeout") {
+        None => None,
+        Some(value) => {
+            let timeout = value
+                .to_str()
+                .map_err(|_| "timeout value is not ASCII".to_string())
+                .and_then(grpc::decode_timeout);
+            match timeout {
+                // A deadline too far to represent is none.
+                Ok(timeout) => started.checked_add(timeout),
+                Err(why) => return Err(Status::new(grpc::INTERNAL, format!("malformed grpc-timeout: {why}"))),
+            }
+        }
+    };
+    Ok((deadline, Encoding::of(&parts.headers)?))
+}
+
 async fn handle(
     shared: Arc<Shared>,
+    conn: Arc<Conn>,
     peer: Arc<str>,
     request: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, Infallible> {
@@ -184,64 +257,85 @@ async fn handle(
         return Ok(refusal);
     }
     let (parts, body) = request.into_parts();
+    let (deadline, encoding) = match admit(&shared, &parts, started) {
+        Ok(admitted) => admitted,
+        Err(status) => {
+            let mut refusal = trailers_only(&status);
+            if status.code == grpc::UNIMPLEMENTED {
+                // The spec: name the encodings the server accepts.
+                let accepted = http::HeaderValue::from_static(grpc::ACCEPTED_ENCODINGS);
+                refusal.headers_mut().insert("grpc-accept-encoding", accepted);
+            }
+            return Ok(refusal);
+        }
+    };
     let path = parts.uri.path();
     let python = || shared.methods.contains(path); // off the hot path: only once the tables say no
-    let deadline = || {
-        let timeout = parts.headers.get("grpc-timeout")?.to_str().ok();
-        started.checked_add(grpc::parse_timeout(timeout?)?)
-    };
-    let to_python = |request: Bytes| Call {
+    let deframer = || Deframer::new(encoding, Some(conn.clone()));
+    // The deadline bounds the whole call from its headers on: reading the request included.
+    let read = |body| within(deadline, read_unary(body, deframer()));
+    let to_python = |received: Received| Call {
         method: path.to_string(),
-        request,
-        deadline: deadline(),
+        request: received.message,
+        held: received.held,
+        deadline,
         metadata: metadata(&parts.headers),
         peer,
     };
     let hot = hot_method(path).and_then(|method| Some((method, shared.published.current()?)));
     if let Some((method, tables)) = hot {
-        let message = match read_unary(body).await {
-            Ok(message) => message,
+        let received = match read(body).await.and_then(|r| still_in_time(deadline).map(|()| r)) {
+            Ok(received) => received,
             Err(status) => return Ok(trailers_only(&status)),
         };
-        return Ok(match decide(&shared.published, &tables, method, &message) {
+        return Ok(match decide(&shared.published, &tables, method, &received.message) {
             Decision::Answer(bytes) => {
                 shared.metrics.record(method, started.elapsed().as_secs_f64());
                 answer(bytes)
             }
-            Decision::Python if python() => call_python(&shared, to_python(message)).await,
+            Decision::Python if python() => call_python(&shared, to_python(received)).await,
             Decision::Python => trailers_only(&method_not_found()),
         });
     }
     if python() {
-        return Ok(match read_unary(body).await {
-            Ok(message) => call_python(&shared, to_python(message)).await,
+        return Ok(match read(body).await {
+            Ok(received) => call_python(&shared, to_python(received)).await,
             Err(status) => trailers_only(&status),
         });
     }
     Ok(
         match path.strip_prefix('/').and_then(|p| p.strip_prefix(health::SERVICE)) {
             Some("/Check") => {
-                let result = read_unary(body)
+                let result = read(body)
                     .await
-                    .and_then(|message| health::check(&shared.health, &message));
+                    .and_then(|received| still_in_time(deadline).map(|()| received))
+                    .and_then(|received| health::check(&shared.health, &received.message));
                 if result.is_ok() {
                     shared.metrics.record(HEALTH_CHECK, started.elapsed().as_secs_f64());
                 }
                 answer_or_status(result)
             }
-            Some("/Watch") => match read_unary(body).await.and_then(|m| health::requested_service(&m)) {
+            Some("/Watch") => match read(body)
+                .await
+                .and_then(|received| health::requested_service(&received.message))
+            {
                 Ok(service) => {
                     let (response, stream) = grpc::streamed();
                     let statuses = shared.health.watch(&service);
-                    let until = deadline().map(Into::into);
-                    tokio::spawn(health::watch_stream(statuses, stream, until, shared.stopping.clone()));
+                    let ends = health::Ends {
+                        deadline: deadline.map(Into::into),
+                        stopping: shared.stopping.clone(),
+                        conn: conn.clone(),
+                    };
+                    tokio::spawn(health::watch_stream(statuses, stream, ends));
                     response
                 }
                 Err(status) => trailers_only(&status),
             },
             _ if is_reflection(path) => {
                 let (response, stream) = grpc::streamed();
-                tokio::spawn(reflection::serve_stream(shared.reflection.clone(), body, stream));
+                let reflection = shared.reflection.clone();
+                tokio::spawn(reflection::serve_stream(reflection, body, deframer(), deadline, stream));
                 response
             }
             _ => trailers_only(&method_not_found()),
@@ -253,6 +347,119 @@ fn method_not_found() -> Status {
     Status::new(grpc::UNIMPLEMENTED, "Method not found!")
 }
 
+/// TCP keepalive (a peer gone without a FIN is found even with no HTTP/2 ping due) and, with
+/// keep-alive pings on, TCP_USER_TIMEOUT at the ping timeout, as grpc-go sets them.
+fn tune_socket(stream: &TcpStream, limits: &Limits) {
+    let socket = socket2::SockRef::from(stream);
+    let _ = socket.set_tcp_nodelay(true); // a small answer would otherwise wait for the client's delayed ACK
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE_TIME)
+        .with_interval(TCP_KEEPALIVE_INTERVAL)
+        .with_retries(TCP_KEEPALIVE_RETRIES);
+    let _ = socket.set_tcp_keepalive(&keepalive);
+    if limits.keepalive_time.is_some() {
+        let _ = socket.set_tcp_user_timeout(Some(limits.keepalive_timeout));
+    }
+}
+
+/// TCP keepalive: first probe after a minute of silence, then every 10 s; 3 unanswered close it.
+const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const TCP_KEEPALIVE_RETRIES: u32 = 3;
+
+/// Serve one accepted connection until it ends, its handshake or idle time runs out, or it is asked
+/// to go away.
+async fn connection(
+    stream: TcpStream,
+    peer: Arc<str>,
+    tls: Option<TlsAcceptor>,
+    shared: Arc<Shared>,
+    registered: Registered,
+) {
+    let limits = &shared.connections.limits;
+    let handshake_deadline = tokio::time::Instant::now() + limits.handshake_timeout;
+    tune_socket(&stream, limits);
+    match tls {
+        None => drive(stream, peer, shared, registered, handshake_deadline).await,
+        Some(acceptor) => {
+            // A failed or stalled handshake (no client certificate, untrusted one...) ends that connection only.
+            let accepted = tokio::time::timeout_at(handshake_deadline, acceptor.accept(stream)).await;
+            if let Ok(Ok(stream)) = accepted {
+                drive(stream, peer, shared, registered, handshake_deadline).await;
+            }
+        }
+    }
+}
+
+async fn drive<IO>(
+    io: IO,
+    peer: Arc<str>,
+    shared: Arc<Shared>,
+    registered: Registered,
+    handshake_deadline: tokio::time::Instant,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = registered.conn.clone();
+    let limits = shared.connections.limits.clone();
+    // FrameWatch inside Coalescing: its own GOAWAY write goes straight to the socket, never held a turn.
+    let watched = Coalescing::new(FrameWatch::new(io, conn.clone(), limits.min_ping_interval));
+    let service = {
+        let conn = conn.clone();
+        hyper::service::service_fn(move |request| {
+            let stream = StreamGuard::new(conn.clone());
+            let answer = handle(shared.clone(), conn.clone(), peer.clone(), request);
+            async move {
+                answer
+                    .await
+                    .map(|response| response.map(|body| Guarded::new(body, stream)))
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http2::Builder::new(InlineFirst);
+    builder
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(HARD_HEADER_LIST_SIZE.max(limits.max_header_list_size))
+        .keep_alive_interval(limits.keepalive_time)
+        .keep_alive_timeout(limits.keepalive_timeout);
+    let connection = builder.serve_connection(TokioIo::new(watched), service);
+    tokio::pin!(connection);
+    let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+    let mut closing_until: Option<tokio::time::Instant> = None;
+    let mut handshake_pending = true;
+    loop {
+        let idle_check = match limits.idle_timeout {
+            Some(idle) if closing_until.is_none() => match idle_deadline(&conn, idle) {
+                Ok(()) => {
+                    connection.as_mut().graceful_shutdown();
+                    closing_until = Some(tokio::time::Instant::now() + IDLE_CLOSE_GRACE);
+                    far
+                }
+                Err(next) => next,
+            },
+            _ => far,
+        };
+        tokio::select! {
+            _ = connection.as_mut() => break,
+            () = tokio::time::sleep_until(handshake_deadline), if handshake_pending => {
+                if !conn.handshaken() {
+                    break; // no HTTP/2 preface and SETTINGS in time: close without a word
+                }
+                handshake_pending = false;
+            }
+            () = tokio::time::sleep_until(idle_check), if closing_until.is_none() => {}
+            grace = conn.going_away(), if closing_until.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                // Even with no grace, the GOAWAY itself gets a moment to leave.
+                closing_until = Some(tokio::time::Instant::now() + grace.max(GOAWAY_WRITE));
+            }
+            () = tokio::time::sleep_until(closing_until.unwrap_or(far)), if closing_until.is_some() => break,
+        }
+    }
+    drop(registered);
+}
+
 /// Accept connections until `stop` says so, then let open calls finish for at most the grace the
 /// stop carries and close what is left.
 pub async fn serve(
@@ -261,8 +468,7 @@ pub async fn serve(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<Option<Duration>>,
 ) {
-    let graceful = GracefulShutdown::new();
-    let (accepted_tx, mut accepted_rx) = tokio::sync::mpsc::channel::<(tokio::net::TcpStream, SocketAddr)>(64);
+    let (accepted_tx, mut accepted_rx) = tokio::sync::mpsc::channel::<(TcpStream, SocketAddr)>(64);
     let mut accepting = Vec::new();
     for listener in listeners {
         let tx = accepted_tx.clone();
@@ -270,8 +476,6 @@ pub async fn serve(
             loop {
                 match listener.accept().await {
                     Ok(accepted) => {
-                        // No Nagle: a small answer would otherwise wait for the client's delayed ACK.
-                        let _ = accepted.0.set_nodelay(true);
                         if tx.send(accepted).await.is_err() {
                             return;
                         }
@@ -290,33 +494,18 @@ pub async fn serve(
                 if let Some(grace) = *stop.borrow() { break grace; }
             }
             Some((stream, address)) = accepted_rx.recv() => {
-                let shared = shared.clone();
-                let tls = tls.clone();
-                let watcher = graceful.watcher();
+                // At the limit with every connection busy: the new one is closed at once.
+                let Some(registered) = shared.connections.admit() else { continue };
                 let peer: Arc<str> = peer_name(address).into();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| handle(shared.clone(), peer.clone(), req));
-                    let builder = hyper::server::conn::http2::Builder::new(InlineFirst);
-                    match tls {
-                        None => {
-                            let connection = builder.serve_connection(TokioIo::new(Coalescing::new(stream)), service);
-                            let _ = watcher.watch(connection).await;
-                        }
-                        Some(acceptor) => {
-                            // A failed handshake (no client certificate, untrusted one...) ends that connection only.
-                            let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await else { return };
-                            let connection = builder.serve_connection(TokioIo::new(Coalescing::new(stream)), service);
-                            let _ = watcher.watch(connection).await;
-                        }
-                    }
-                });
+                tokio::spawn(connection(stream, peer, tls.clone(), shared.clone(), registered));
             }
         }
     };
     for task in accepting {
         task.abort(); // closes the listening sockets: new connections are refused from here on
     }
-    let _ = tokio::time::timeout(grace, graceful.shutdown()).await;
+    shared.connections.go_away_all(grace);
+    let _ = tokio::time::timeout(grace + IDLE_CLOSE_GRACE, shared.connections.all_closed()).await;
 }
 
 #[cfg(test)]

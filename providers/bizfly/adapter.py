@@ -273,7 +273,7 @@ class BizflyAdapter(CloudAdapter):
     def instrument(self, metrics: object) -> None:
         self.client.instrument(metrics)
 
-    def guard_writes(self, gate: Callable[[str], None]) -> None:
+    def guard_writes(self, gate: Callable[[str], float | None]) -> None:
         self.client.guard_writes(gate)
 
     def health_detail(self) -> str:

@@ -114,7 +114,7 @@ class BizflyClient:
         self._api: HttpTransport | None = None
         self._api_prefix = ""
         self._metrics: Any = None
-        self._write_gate: Callable[[str], None] | None = None
+        self._write_gate: Callable[[str], float | None] | None = None
 
     # ------------------------------------------------------------------ the four calls
     def get_cluster(self, deadline: Deadline) -> Any:
@@ -216,7 +216,7 @@ class BizflyClient:
             if transport is not None:
                 transport.instrument(metrics)
 
-    def guard_writes(self, gate: Callable[[str], None]) -> None:
+    def guard_writes(self, gate: Callable[[str], float | None]) -> None:
         """Every transport, including the Kubernetes Engine one made later, checks ``gate`` before a write."""
         self._write_gate = gate
         for transport in (self._token_transport, self._catalog_transport, self._api):

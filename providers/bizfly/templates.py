@@ -8,7 +8,8 @@ from, in increasing priority:
    ``node.kubernetes.io/instance-type=<flavor>``, ``topology.kubernetes.io/zone=<availability_zone>``,
    ``topology.kubernetes.io/region=<canonical region>``, ``bke.bizflycloud.vn/pool-name=<pool name>``;
 2. the labels a real node of the pool carried when the CA last asked NodeGroupForNode about it
-   (kept by the Backend, so a pool scaled to 0 keeps them), minus per-node labels (hostname, node id);
+   (kept by the Backend, so a pool scaled to 0 keeps them, and only those that describe the pool:
+   providers/node_labels.py), minus per-node labels (hostname, node id);
 3. the pool's own ``labels`` and ``taints`` when the API returns them (newer API versions do).
 
 Explicit per-group config overrides are applied by the Backend on top of this result.

@@ -251,7 +251,7 @@ class ScalewayAdapter(CloudAdapter):
     def instrument(self, metrics: object) -> None:
         self.client.transport.instrument(metrics)
 
-    def guard_writes(self, gate: Callable[[str], None]) -> None:
+    def guard_writes(self, gate: Callable[[str], float | None]) -> None:
         self.client.transport.guard_writes(gate)
 
     def health_detail(self) -> str:

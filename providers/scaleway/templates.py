@@ -11,7 +11,8 @@ Labels, lowest precedence first:
    (arm64 for the COPARM1/AMP2 families, else amd64), ``node.kubernetes.io/instance-type`` = node type,
    ``topology.kubernetes.io/region``/``zone``, ``k8s.scaleway.com/pool`` (pool id; NodePrice looks the
    pool up by it) and ``k8s.scaleway.com/pool-name``, and the GPU label on GPU pools;
-2. labels seen on a real node of the group (the Backend passes them), minus node-specific ones;
+2. labels seen on a real node of the group that describe it (the Backend passes them, filtered by
+   providers/node_labels.py), minus node-specific ones;
 3. the pool's own ``labels`` from the API (what Kapsule says it will put on new nodes).
 ``kubernetes.io/hostname`` is never copied: one fixed hostname for every hypothetical node would make
 the CA's scheduling simulation wrong; the server names the template node itself.

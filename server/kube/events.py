@@ -37,7 +37,8 @@ from providers.errors import (
 )
 from providers.model import InstanceState, NodeRef
 from providers.registry import Registry
-from server.kube.client import KubeConnection
+from server.kube.calls import api_status
+from server.kube.client import MERGE_PATCH, KubeConnection, core_path
 from server.kube.settings import EventsConfig
 from server.logs import redact
 from server.metrics import PREFIX
@@ -83,7 +84,7 @@ MAX_MESSAGE = 1024
 MAX_NAMED_NODES = 10
 #: after the status ConfigMap could not be written or read, try again this much later
 OBJECT_RETRY = 30.0
-DROP_REASONS = ("rate_limited", "queue_full", "api_error")
+DROP_REASONS = ("rate_limited", "queue_full", "api_error", "not_leader")
 #: how long a stopping writer keeps writing what is queued (plus the API call under way)
 STOP_BUDGET = 3.0
 
@@ -210,6 +211,17 @@ class EventBook:
         series.name = name
         series.written_count = max(series.written_count, count)
 
+    def drop_unwritten(self) -> int:
+        """Forget every series with occurrences not yet written (this replica stopped leading); returns how
+        many occurrences that drops."""
+        dropped = 0
+        for spec, series in list(self.series.items()):
+            if series.pending:
+                dropped += series.count - series.written_count
+                del self.series[spec]
+                self.reserved.discard(spec)
+        return dropped
+
     def failed(self, series: EventSeries) -> None:
         """The API server refused the write: forget the series (a later occurrence starts a new one)."""
         self.series.pop(series.spec, None)
@@ -332,7 +344,8 @@ class EventMetrics:
         self.dropped = Counter(
             PREFIX + "events_dropped_total",
             "Kubernetes Event occurrences not written: rate_limited (bucket empty), queue_full (the writer "
-            "is behind), api_error (the API server refused or did not answer).",
+            "is behind), api_error (the API server refused or did not answer), not_leader (this replica "
+            "stopped leading before they were written).",
             ("reason",),
             registry=registry,
         )
@@ -460,13 +473,15 @@ class EventRecorder:
                 except queue.Empty:
                     break
             try:
-                stopping = self._step(items) or self._stopping.is_set()
+                # Ends after a step that knew it was the last one (it writes the final status); a stop that
+                # came during a step gets one more.
+                stopping = self._step(items)
             except Exception:  # the writer must survive any surprise; the server does not depend on it
                 log.exception("writing Kubernetes Events failed unexpectedly")
                 stopping = self._stopping.is_set()
 
     def _step(self, items: list[Any]) -> bool:
-        stopping = False
+        stopping = self._stopping.is_set()
         for backend in self.backends:  # staleness grows without a sync attempt too
             self._check_backend(backend)
         for item in items:
@@ -476,16 +491,26 @@ class EventRecorder:
             if self._book.record(item.spec, item.wall, item.mono) is None:
                 self.metrics.dropped.labels("rate_limited").inc()
         now = self._clock()
+        leads = self._leads()
+        if not leads:
+            # A replica that stopped leading writes nothing more, not even what it queued while it led:
+            # the new leader reports from then on, and two writers would interleave their Events.
+            dropped = self._book.drop_unwritten()
+            if dropped:
+                self.metrics.dropped.labels("not_leader").inc(dropped)
+            return stopping
         # After a failed ConfigMap write, the next waits for OBJECT_RETRY (Events go on meanwhile).
-        status_allowed = now >= self._object_retry_at and self._leads()
+        status_allowed = now >= self._object_retry_at
         if not self._object_uid and status_allowed:
             self._write_status(now, force=True)
         for series in self._book.due(now):
-            if self._out_of_time():
-                return True
+            if self._out_of_time() or not self._leads():
+                return stopping
             self._write_event(series)
-        due = now - self._status_written_at >= self.config.status_interval
-        if self._status_dirty.is_set() and due and status_allowed and not self._out_of_time():
+        # The last step before the writer ends writes a changed status whatever the interval: the
+        # ConfigMap then shows the state the server stopped in.
+        due = stopping or now - self._status_written_at >= self.config.status_interval
+        if self._status_dirty.is_set() and due and status_allowed and not self._out_of_time() and self._leads():
             self._write_status(now)
         return stopping
 
@@ -502,15 +527,15 @@ class EventRecorder:
                 extra={"what": what, "error": _api_error(err), "failures": self._api_failures},
             )
 
-    def _event_body(self, series: EventSeries, name: str) -> Any:
-        from kubernetes import client
-
+    def _event_body(self, series: EventSeries, name: str) -> dict[str, Any]:
         spec = series.spec
         namespace = self.connection.namespace
         involved = {"apiVersion": "v1", "kind": "ConfigMap", "name": self.config.object_name, "namespace": namespace}
         if self._object_uid:
             involved["uid"] = self._object_uid  # kubectl describe finds Events by the object's uid
         body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},
             "involvedObject": involved,
             "reason": spec.reason,
@@ -526,12 +551,10 @@ class EventRecorder:
         }
         if spec.related_node:
             body["related"] = {"apiVersion": "v1", "kind": "Node", "name": spec.related_node}
-        return client.CoreV1Event.from_dict(body)
+        return body
 
     def _write_event(self, series: EventSeries) -> None:
-        from kubernetes.client.rest import ApiException
-
-        core = self.connection.core()
+        connection = self.connection
         namespace = self.connection.namespace
         count = series.count
         timeout = self.connection.request_timeout
@@ -539,22 +562,23 @@ class EventRecorder:
             if series.name:
                 patch = {"count": count, "lastTimestamp": _timestamp(series.last_seen)}
                 try:
-                    core.patch_namespaced_event(
-                        series.name,
-                        namespace,
-                        patch,
-                        _request_timeout=timeout,
-                        _content_type="application/merge-patch+json",
+                    connection.request(
+                        "PATCH",
+                        core_path("events", namespace, series.name),
+                        body=patch,
+                        timeout=timeout,
+                        content_type=MERGE_PATCH,
                     )
                     self._book.written(series, series.name, count)
                     self.metrics.written.labels(series.spec.reason, "patch").inc()
                     return
-                except ApiException as err:
-                    if err.status != 404:
+                except Exception as err:
+                    if api_status(err) != 404:
                         raise
                     # The Event expired (the API server keeps them about an hour): a new one carries the count.
             name = f"{self.config.object_name}.{time.time_ns():x}"
-            core.create_namespaced_event(namespace, self._event_body(series, name), _request_timeout=timeout)
+            body = self._event_body(series, name)
+            connection.request("POST", core_path("events", namespace), body=body, timeout=timeout)
             self._book.written(series, name, count)
             self.metrics.written.labels(series.spec.reason, "create").inc()
         except Exception as err:  # ApiException, connection errors, timeouts: the Event is lost, counted
@@ -564,36 +588,35 @@ class EventRecorder:
 
     def _write_status(self, now: float, force: bool = False) -> None:
         """Create or update the status ConfigMap when its text changed (or, ``force``, to learn its uid)."""
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
         self._status_dirty.clear()
         text = render_status(self.backends)
         if text == self._status_text and not force:
             return
-        core = self.connection.core()
-        namespace, name = self.connection.namespace, self.config.object_name
-        timeout = self.connection.request_timeout
+        connection = self.connection
+        namespace, name = connection.namespace, self.config.object_name
+        timeout = connection.request_timeout
         stamp = _timestamp(time.time())
-        meta = client.V1ObjectMeta(
-            name=name,
-            namespace=namespace,
-            labels={"app.kubernetes.io/managed-by": COMPONENT},
-            annotations={"ca-externalgrpc/updated": stamp, "ca-externalgrpc/updated-by": self.connection.identity},
-        )
-        body = client.V1ConfigMap(metadata=meta, data={"status": text})
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/managed-by": COMPONENT},
+            "annotations": {"ca-externalgrpc/updated": stamp, "ca-externalgrpc/updated-by": connection.identity},
+        }
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"status": text}}
+        path = core_path("configmaps", namespace, name)
         try:
             try:
                 if not self._object_version:
-                    current = core.read_namespaced_config_map(name, namespace, _request_timeout=timeout)
-                    self._object_version = current.metadata.resource_version
-                meta.resource_version = self._object_version
-                saved = core.replace_namespaced_config_map(name, namespace, body, _request_timeout=timeout)
-            except ApiException as err:
-                if err.status == 404:
-                    meta.resource_version = None
-                    saved = core.create_namespaced_config_map(namespace, body, _request_timeout=timeout)
-                elif err.status == 409:  # changed by someone else since our read: read again next time
+                    current = connection.request("GET", path, timeout=timeout)
+                    self._object_version = current["metadata"]["resourceVersion"]
+                meta["resourceVersion"] = self._object_version  # changed since the read: 409
+                saved = connection.request("PUT", path, body=body, timeout=timeout)
+            except Exception as err:
+                status = api_status(err)
+                if status == 404:
+                    meta.pop("resourceVersion", None)
+                    saved = connection.request("POST", core_path("configmaps", namespace), body=body, timeout=timeout)
+                elif status == 409:  # changed by someone else since our read: read again next time
                     self._object_version = ""
                     self._status_dirty.set()
                     return
@@ -605,8 +628,8 @@ class EventRecorder:
             self._status_dirty.set()
             self._api_failed("status ConfigMap", err)
             return
-        self._object_uid = saved.metadata.uid
-        self._object_version = saved.metadata.resource_version
+        self._object_uid = saved["metadata"]["uid"]
+        self._object_version = saved["metadata"]["resourceVersion"]
         self._status_text = text
         self._status_written_at = now
 

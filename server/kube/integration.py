@@ -90,7 +90,9 @@ def start_features(
         if leadership is not None:
             features.election = Election(features.connection, leadership, registry, metrics, liveness, start_backends)
             features.election.start()
-            features.stoppers.append(features.election.stop)
+            # Stopped last: the other features' final writes at a stop (the status and queued Events, the
+            # learned templates, the journal's settles) are a leader's, and it keeps renewing meanwhile.
+            features.stoppers.insert(0, features.election.stop)
     except BaseException:
         features.stop()
         raise

@@ -16,13 +16,28 @@ when, by which replica, and whether the outcome is known to be unknown). The bac
 
 Every write replaces the whole ConfigMap guarded by its resourceVersion (optimistic concurrency): on 409
 the ConfigMap is read again and the change re-applied to the fresh copy. Entries are only ever replaced
-or removed by the replica that knows their id, so a late or repeated write never removes a newer entry.
-Calls before the cloud write are bounded by the RPC's deadline (keeping time for the cloud call), the
-others by ``kubernetes.request_timeout``; none runs while a group's book lock is held.
+or removed by the replica that knows their id, so a late or repeated write never removes a newer entry;
+a record also drops the backend's entries of node groups it no longer serves, once they are
+``PRUNE_AFTER`` old.
+
+Time: the calls before the cloud write share the RPC's deadline with it, and the cloud call always keeps
+its part: the read may use a third of what is left when it starts, the record half of what is left then
+(``READ_SHARE``, ``RECORD_SHARE``), each also capped by ``kubernetes.request_timeout``. A slow API server
+therefore costs a refusal that names it (nothing sent to the cloud), never a cloud call squeezed into
+an unknown outcome. The settles run in the background, bounded by ``kubernetes.request_timeout``; none
+runs while a group's book lock is held.
+
+Age: an entry's age is measured on one clock, the API server's. Its answers carry a ``Date`` header; an
+entry stores the API server's time it was recorded at (``api_time``: the last ``Date`` seen plus the
+writer's monotonic time since), and a reader subtracts it from the ``Date`` of the read that found it.
+Wall clocks of two machines are never compared, so a skewed replica neither applies a retry twice nor
+swallows a change. An entry without that time (an older writer) is taken as just recorded.
 """
 
 from __future__ import annotations
 
+import email.utils
+import functools
 import hashlib
 import json
 import logging
@@ -30,16 +45,17 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from providers.backend import Backend
 from providers.change_journal import ChangeJournal, PendingChange
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import JournalUnavailable
-from providers.group_book import MIN_CALL_TIME
 from providers.registry import Registry
-from server.kube.client import KubeConnection
+from server.kube.calls import ApiCall, api_status
+from server.kube.client import KubeConnection, core_path
 from server.kube.settings import JournalConfig
 from server.logs import redact
 
@@ -53,6 +69,15 @@ MAX_CONFLICT_RETRIES = 5
 SETTLE_ATTEMPTS = 6
 # At a clean stop, the queued settles get this long in all.
 STOP_SETTLE_TIME = 2.0
+# Of the time a size change has left (less the response margin), the journal read before the cloud call
+# may use this share, and the record this share of what is left after the read: the cloud call keeps at
+# least a third of it (1.6 s of the CA's default 5 s), which a slow API server cannot take away.
+READ_SHARE = 1 / 3
+RECORD_SHARE = 1 / 2
+# An entry of a node group its backend no longer serves is dropped by the next record once this old.
+PRUNE_AFTER = 600.0
+# The journal ConfigMap's labels.
+_LABELS = {"app.kubernetes.io/name": "ca-externalgrpc", "app.kubernetes.io/component": "change-journal"}
 # ConfigMap data keys allow these characters only.
 _KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
 
@@ -79,9 +104,10 @@ class Entry:
     base: int
     desired: int
     state: str  # "in-flight": sent or about to be; "unknown": its answer was lost
-    since: float  # Unix time it was recorded
+    since: float  # Unix time it was recorded, by the writer's clock (for people: recorded_at)
     replica: str
     reason: str = ""
+    api_time: float | None = None  # the API server's Unix time it was recorded (ages are measured on this)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -102,6 +128,7 @@ class Entry:
             since=float(data["since"]),
             replica=str(data["replica"]),
             reason=str(data.get("reason", "")),
+            api_time=float(data["api_time"]) if data.get("api_time") is not None else None,
         )
 
 
@@ -117,10 +144,23 @@ def entry_key(backend: str, group_id: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Copy:
-    """The ConfigMap as last read or written: resourceVersion (None: it does not exist) and data."""
+    """The ConfigMap as last read or written: resourceVersion (None: it does not exist) and data, and the
+    API server's time of the answer (its Date header; None when it sent none)."""
 
     version: str | None
     data: dict[str, str]
+    api_time: float | None = None
+
+
+def _api_date(headers: Mapping[str, str] | None) -> float | None:
+    """The Unix time of an HTTP Date header (1 s resolution), or None."""
+    value = (headers or {}).get("Date") or (headers or {}).get("date")
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 class Journal:
@@ -137,11 +177,12 @@ class Journal:
         self.name = settings.configmap
         self.identity = connection.identity
         self.request_timeout = connection.request_timeout
-        self._core = connection.core()
+        self._connection = connection
         self._observe = observe
         self.wall_clock = wall_clock
         self._copy: _Copy | None = None
-        self._copy_lock = threading.Lock()  # guards _copy only; never held over an API call
+        self._copy_lock = threading.Lock()  # guards _copy and _api_clock; never held over an API call
+        self._api_clock: tuple[float, float] | None = None  # (API server time, our monotonic time) of an answer
         self._settles: dict[str, _Settle] = {}
         self._settle_cond = threading.Condition()
         self._stop = threading.Event()
@@ -185,73 +226,97 @@ class Journal:
 
     # ------------------------------------------------------------------ API calls
     def _call(self, what: str, fn: Callable[[float], Any], until: float) -> Any:
-        """Run ``fn(timeout)`` and wait for it no later than ``until`` (monotonic).
-
-        The call runs in a daemon thread of its own: the client's connection retries can take several
-        times its timeout against an address that never answers, and the caller must not wait for that
-        (nor must a stuck call delay the process's exit). Journal calls are few (three per size change).
-        """
+        """Run ``fn(timeout)`` (``server/kube/calls.py``) and wait for it no later than ``until`` (monotonic)."""
         timeout = min(self.request_timeout, until - time.monotonic())
         if timeout < MIN_API_CALL_TIME:
             raise _Failed(f"no time left to {what} within the caller's deadline")
-        call = _Call(fn, timeout)
-        threading.Thread(target=call.run, name="journal-api", daemon=True).start()
-        if not call.done.wait(timeout):
+        call: ApiCall[Any] = ApiCall(fn, timeout, "journal-api")
+        if not call.wait(timeout):
             raise _Failed(f"the API server did not answer within {timeout:.2f}s")
         err = call.error
         if err is None:
             return call.result
         # The client raises ApiException (with a status) for answers and urllib3 errors for the rest.
-        status = getattr(err, "status", None)
+        status = api_status(err)
         if status == 409:
             raise _Conflict()
         if status is not None:
             reason = getattr(err, "reason", "") or ""
             detail = _api_message(getattr(err, "body", None))
             raise _Failed(f"the API server answered {status} {reason}{': ' + detail if detail else ''}")
+        if _timed_out(err):
+            # The client's own read timeout (the same budget) can fire a moment before our wait does: the
+            # same fact, told the same way whichever clock won.
+            raise _Failed(f"the API server did not answer within {timeout:.2f}s")
         raise _Failed(f"the API server could not be reached ({_network_reason(err)})")
+
+    def _answered(self, headers: Mapping[str, str] | None) -> float | None:
+        """Note the API server's clock from an answer's Date header; returns that time (None: no header)."""
+        at = _api_date(headers)
+        if at is not None:
+            with self._copy_lock:
+                self._api_clock = (at, time.monotonic())
+        return at
+
+    def api_now(self) -> float | None:
+        """The API server's time now: its last Date header plus our monotonic time since (None: no answer yet)."""
+        with self._copy_lock:
+            clock = self._api_clock
+        if clock is None:
+            return None
+        return clock[0] + (time.monotonic() - clock[1])
 
     def read(self, until: float) -> _Copy:
         def get(timeout: float) -> _Copy:
             try:
-                found = self._core.read_namespaced_config_map(self.name, self.namespace, _request_timeout=timeout)
+                found, headers = self._connection.request_with_headers(
+                    "GET", core_path("configmaps", self.namespace, self.name), timeout=timeout
+                )
             except Exception as err:
-                if getattr(err, "status", None) == 404:
-                    return _Copy(None, {})
+                if api_status(err) == 404:
+                    return _Copy(None, {}, self._answered(getattr(err, "headers", None)))
                 raise
-            return _Copy(found.metadata.resource_version, dict(found.data or {}))
+            return self._copy_of(found, headers)
 
         copy: _Copy = self._call(f"read {self.where}", get, until)
         with self._copy_lock:
             self._copy = copy
         return copy
 
-    def _write(self, base: _Copy, data: dict[str, str], until: float) -> _Copy:
-        from kubernetes import client
+    def _copy_of(self, configmap: Mapping[str, Any], headers: Mapping[str, str]) -> _Copy:
+        version = (configmap.get("metadata") or {}).get("resourceVersion")
+        return _Copy(version, dict(configmap.get("data") or {}), self._answered(headers))
 
+    def _write(self, base: _Copy, data: dict[str, str], until: float) -> _Copy:
         def put(timeout: float) -> _Copy:
-            meta = client.V1ObjectMeta(
-                name=self.name,
-                resource_version=base.version,
-                labels={"app.kubernetes.io/name": "ca-externalgrpc", "app.kubernetes.io/component": "change-journal"},
-            )
-            body = client.V1ConfigMap(metadata=meta, data=data)
+            meta: dict[str, Any] = {"name": self.name, "labels": _LABELS}
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
             if base.version is None:
-                done = self._core.create_namespaced_config_map(self.namespace, body, _request_timeout=timeout)
+                path = core_path("configmaps", self.namespace)
+                done, headers = self._connection.request_with_headers("POST", path, body=body, timeout=timeout)
             else:
-                done = self._core.replace_namespaced_config_map(
-                    self.name, self.namespace, body, _request_timeout=timeout
-                )
-            return _Copy(done.metadata.resource_version, dict(done.data or {}))
+                meta["resourceVersion"] = base.version  # a ConfigMap changed since the read answers 409
+                path = core_path("configmaps", self.namespace, self.name)
+                done, headers = self._connection.request_with_headers("PUT", path, body=body, timeout=timeout)
+            return self._copy_of(done, headers)
 
         copy: _Copy = self._call(f"write {self.where}", put, until)
         with self._copy_lock:
             self._copy = copy
         return copy
 
-    def modify(self, backend: str, operation: str, key: str, change: Callable[[str | None], Any], until: float) -> None:
+    def modify(
+        self,
+        backend: str,
+        operation: str,
+        key: str,
+        change: Callable[[str | None], Any],
+        until: float,
+        also_remove: Callable[[Mapping[str, str]], Iterable[str]] | None = None,
+    ) -> None:
         """Apply ``change`` (old value -> new value, None to remove, ``UNCHANGED`` to leave it) to one key,
-        guarded by the resourceVersion and re-applied to a fresh read after a 409. Raises _Failed."""
+        and remove the keys ``also_remove`` names, guarded by the resourceVersion and re-applied to a fresh
+        read after a 409. Raises _Failed."""
         with self._copy_lock:
             copy = self._copy
         for _ in range(MAX_CONFLICT_RETRIES + 1):
@@ -265,6 +330,10 @@ class Journal:
                 data.pop(key, None)
             else:
                 data[key] = new
+            if also_remove is not None:
+                for gone in list(also_remove(copy.data)):
+                    if gone != key:
+                        data.pop(gone, None)
             try:
                 self._write(copy, data, until)
             except _Conflict:
@@ -332,25 +401,6 @@ class Journal:
 UNCHANGED = object()
 
 
-class _Call:
-    """One API call run in its own thread: its result or error, and when it ended."""
-
-    def __init__(self, fn: Callable[[float], Any], timeout: float) -> None:
-        self.fn = fn
-        self.timeout = timeout
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: Exception | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self.fn(self.timeout)
-        except Exception as err:  # noqa: BLE001 - handed to the caller, which classifies it
-            self.error = err
-        finally:
-            self.done.set()
-
-
 @dataclass(frozen=True, slots=True)
 class _Settle:
     backend: str
@@ -369,17 +419,24 @@ class BackendJournal(ChangeJournal):
     ``mark_unknown``/``clear`` touch only that entry, never a newer one.
     """
 
-    def __init__(self, journal: Journal, backend: str) -> None:
+    def __init__(
+        self, journal: Journal, backend: str, served_groups: Callable[[], Iterable[str] | None] | None = None
+    ) -> None:
         self.journal = journal
         self.backend = backend
+        # The groups the backend serves now (None: not known, e.g. before its first sync): entries of
+        # other groups are pruned once PRUNE_AFTER old.
+        self._served_groups = served_groups
         self._lock = threading.Lock()  # guards the two dicts; never held over an API call
         self._current: dict[str, str | None] = {}  # group -> id of the entry there, as this replica knows it
         self._settled: dict[str, str] = {}  # group -> id of the entry this replica settled (its clear is queued)
 
-    def _budget(self, deadline: Deadline) -> float:
-        """The monotonic time by which a call before the cloud write must be done: the cloud call keeps
-        MIN_CALL_TIME and the answer keeps RESPONSE_MARGIN of the deadline."""
-        return deadline.expires_at - RESPONSE_MARGIN - MIN_CALL_TIME
+    @staticmethod
+    def _budget(deadline: Deadline, share: float) -> float:
+        """The monotonic time by which a call before the cloud write must be done: ``share`` of what is left
+        of the deadline less the answer's margin; the rest is the cloud call's."""
+        now = time.monotonic()
+        return now + max(deadline.expires_at - RESPONSE_MARGIN - now, 0.0) * share
 
     def _refused(self, group_id: str, what: str, err: Exception) -> JournalUnavailable:
         return JournalUnavailable(
@@ -392,7 +449,7 @@ class BackendJournal(ChangeJournal):
     def pending(self, group_id: str, deadline: Deadline) -> PendingChange | None:
         key = entry_key(self.backend, group_id)
         try:
-            copy = self.journal.read(self._budget(deadline))
+            copy = self.journal.read(self._budget(deadline, READ_SHARE))
         except _Failed as err:
             self.journal.count(self.backend, "read", "failed")
             raise self._refused(group_id, "read", err) from None
@@ -402,7 +459,6 @@ class BackendJournal(ChangeJournal):
             with self._lock:
                 self._current[group_id] = None
             return None
-        now = self.journal.wall_clock()
         try:
             entry = Entry.from_json(text)
         except (ValueError, KeyError, TypeError) as err:
@@ -428,7 +484,7 @@ class BackendJournal(ChangeJournal):
             kind=entry.kind,
             base=entry.base,
             desired=entry.desired,
-            age=max(now - entry.since, 0.0),
+            age=_age(entry, copy.api_time),
             unknown=entry.state == "unknown",
             replica=entry.replica,
         )
@@ -445,6 +501,7 @@ class BackendJournal(ChangeJournal):
             state="in-flight",
             since=self.journal.wall_clock(),
             replica=self.journal.identity,
+            api_time=self.journal.api_now(),
         )
         with self._lock:
             expected = self._current.get(group_id)
@@ -461,13 +518,39 @@ class BackendJournal(ChangeJournal):
             return entry.to_json()
 
         try:
-            self.journal.modify(self.backend, "record", key, put, self._budget(deadline))
+            self.journal.modify(
+                self.backend, "record", key, put, self._budget(deadline, RECORD_SHARE), also_remove=self._prunable
+            )
         except _Failed as err:
             self.journal.count(self.backend, "record", "failed")
             raise self._refused(group_id, "write to", err) from None
         self.journal.count(self.backend, "record", "ok")
         with self._lock:
             self._current[group_id] = entry.id
+
+    def _prunable(self, data: Mapping[str, str]) -> list[str]:
+        """Keys of this backend's entries of node groups it no longer serves, PRUNE_AFTER old or more."""
+        served = self._served_groups() if self._served_groups is not None else None
+        now = self.journal.api_now()
+        if served is None or now is None:
+            return []
+        served = set(served)
+        gone = []
+        for key, text in data.items():
+            try:
+                entry = Entry.from_json(text)
+            except (ValueError, KeyError, TypeError):
+                continue  # unreadable: an operator's edit, left alone
+            if entry.backend != self.backend or entry.group in served or entry.api_time is None:
+                continue
+            if now - entry.api_time >= PRUNE_AFTER:
+                gone.append(key)
+        if gone:
+            log.info(
+                "dropping change journal entries of node groups no longer served",
+                extra={"backend": self.backend, "journal": self.journal.where, "keys": gone},
+            )
+        return gone
 
     def mark_unknown(self, group_id: str, reason: str) -> None:
         with self._lock:
@@ -501,6 +584,14 @@ class BackendJournal(ChangeJournal):
         self.journal.settle_later(_Settle(self.backend, "clear", entry_key(self.backend, group_id), remove))
 
 
+def _age(entry: Entry, read_at: float | None) -> float:
+    """Seconds since ``entry`` was recorded, both times by the API server's clock; 0 when either is unknown
+    (taken as just recorded: a retry of it is recognised rather than applied twice)."""
+    if entry.api_time is None or read_at is None:
+        return 0.0
+    return max(read_at - entry.api_time, 0.0)
+
+
 def _entry_id(text: str) -> str:
     try:
         return str(json.loads(text)["id"])
@@ -529,6 +620,18 @@ def _api_message(body: Any) -> str:
         return ""
 
 
+def _timed_out(err: BaseException) -> bool:
+    """Whether a network error is a read/connect timeout (urllib3's TimeoutError family or the socket's)."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, TimeoutError) or type(seen).__name__ in ("ReadTimeoutError", "ConnectTimeoutError"):
+            return True
+        seen = getattr(seen, "reason", None) or seen.__cause__ or seen.__context__
+    return False
+
+
 def _network_reason(err: BaseException) -> str:
     """The operating system's words for a failed connection ("Connection refused"), else the error's
     first line: urllib3 wraps them in several layers of repr."""
@@ -540,6 +643,13 @@ def _network_reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0][:300]}" if lines else type(err).__name__
 
 
+def _served_groups(backend: Backend) -> list[str] | None:
+    """The ids of the groups ``backend`` serves now; None before its first good sync."""
+    if not backend.health().synced:
+        return None
+    return [group.id for group in backend.groups()]
+
+
 def start_journal(
     connection: KubeConnection, settings: JournalConfig, registry: Registry, observe: Observer | None = None
 ) -> Callable[[], None]:
@@ -547,7 +657,7 @@ def start_journal(
     journal = Journal(connection, settings, observe)
     journal.start()
     for backend in registry.backends:
-        backend.journal = journal.for_backend(backend.name)
+        backend.journal = BackendJournal(journal, backend.name, functools.partial(_served_groups, backend))
     log.info("change journal on", extra={"journal": journal.where})
 
     def stop() -> None:

@@ -91,6 +91,27 @@ class JournalConfig(ConfigModel):
     _name = field_validator("configmap", mode="before")(kube_object_name)
 
 
+# A label or taint key, or a prefix ending in "/" that stands for every key under it.
+_KEY_OR_PREFIX = re.compile(
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+)
+
+
+def key_patterns(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise problem(
+            "is not a list of label or taint keys",
+            'give keys and prefixes ending in "/", e.g. [example.com/disk-type, feature.example.com/]',
+        )
+    bad = [item for item in value if not item or not _KEY_OR_PREFIX.match(item)]
+    if bad:
+        raise problem(
+            f"{', '.join(repr(item) for item in bad[:5])} is not a label or taint key, nor a prefix ending in '/'",
+            'write a key (example.com/disk-type) or a prefix that ends in "/" (feature.example.com/)',
+        )
+    return list(value)
+
+
 class LearnedTemplatesConfig(ConfigModel):
     """Templates for scale-from-zero learned from the Node objects of each group's real nodes."""
 
@@ -99,7 +120,16 @@ class LearnedTemplatesConfig(ConfigModel):
     configmap_prefix: str = "ca-externalgrpc-templates"
     # A backend's ConfigMap is written at most this often (a rolling node upgrade changes many nodes).
     min_write_interval: duration(0, 3600) = 30.0  # type: ignore[valid-type]
+    # Labels of a real node kept for its group besides the built-in list (providers/node_labels.py), by
+    # learned templates and, even when they are off, in the cloud's template from the nodes NodeGroupForNode
+    # shows (docs/kubernetes.md): keys, or prefixes ending in "/".
+    labels: list[str] = Field(default_factory=list)
+    # Taints learned from a node (the pool's own always come from the cloud): keys, or prefixes ending in "/".
+    taints: list[str] = Field(default_factory=list)
+    # The record of a node group the cloud has not listed for this long is deleted (memory and ConfigMap).
+    forget_after: duration(0, 30 * 86400) = 3600.0  # type: ignore[valid-type]
     _name = field_validator("configmap_prefix", mode="before")(kube_object_name)
+    _patterns = field_validator("labels", "taints", mode="before")(key_patterns)
 
 
 class EventsConfig(ConfigModel):
@@ -123,7 +153,8 @@ class KubernetesConfig(ConfigModel):
     kubeconfig: str | None = None
     # Where the Lease, ConfigMaps and Events live; unset: the pod's namespace, else kube-system.
     namespace: str | None = None
-    # This replica's name in the Lease and in Events; unset: $POD_NAME, else the host name.
+    # This replica's name in Events, the journal and refusals, and (with a suffix unique to the process)
+    # in the Lease; unset: $POD_NAME, else the host name.
     identity: str | None = None
     # Each call to the API server gives up after this long.
     request_timeout: duration(0.1, 60) = 5.0  # type: ignore[valid-type]

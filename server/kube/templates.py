@@ -1,21 +1,34 @@
 """Learned templates: scale-from-zero templates recorded from the real Ready nodes of each node group.
 
 A template built from cloud metadata (a Bizfly flavor, a Kapsule pool) cannot know what the kubelet
-reserves, the labels DaemonSets and operators add once a node has joined, or the taints added at join
-time. The Node object of a real node of the group knows all of that. This module watches the Node
-objects (list, then watch from the list's resourceVersion; a 410 Gone re-lists; errors back off), maps
-each to its node group by ``spec.providerID`` through the registry, and when a node is Ready records its
-allocatable, capacity, labels and taints, without what names one machine or what is transient
-(``template_from_node``). The record goes to the backend (``Backend.set_learned_template``, which ranks
-it between the config override and the cloud's template) and to a ConfigMap per backend,
+reserves, nor the hardware labels node-feature-discovery adds once a node has joined. The Node object of a
+real node of the group knows both. This module watches the Node objects, maps each to its node group by
+``spec.providerID`` through the registry, and when a node is Ready records its allocatable and capacity,
+the labels that describe its group (providers/node_labels.py: a stable allowlist plus
+``learned_templates.labels``, the same rule as for the labels the CA shows in NodeGroupForNode) and the
+taints the config names (``learned_templates.taints``): never what an operator put on one node (a
+maintenance taint, a manual label), which would outlive that node. The pool's own labels and taints are
+not learned at all: the backend takes them from the cloud when it serves the template (the cloud's pool
+definition wins).
+The record goes to the backend (``Backend.set_learned_template``) and to a ConfigMap per backend,
 ``<configmap_prefix>-<backend>``, one JSON value per node group, read back at start so that a group
 scaled to zero keeps its template across restarts of the server.
 
+Memory does not grow with the size of Node objects, and little with their number: the list is read in
+pages (``limit``/``continue``) and the watch line by line, each decoded by msgspec into the dozen fields
+used (``NodeFields``), the rest of the bytes (images, conditions' messages, managed fields) skipped by
+the parser without building Python objects. What is kept is per group: the record, the node it was
+learned from and at most one other Ready node that would teach something different; per node only the
+few nodes seen Ready before their machine was in a cloud listing, and only until two listings later.
+
 Writes are rate-limited per ConfigMap (``min_write_interval``), guarded by the resourceVersion read just
-before (a conflicting writer makes us re-read and merge), and skipped when nothing changed. No call to the
-API server runs in an RPC or under a backend lock: the watch and the writes have threads of their own,
-and an unreachable API server only delays learning (logged, counted in
-``ca_externalgrpc_kube_api_errors_total``); the templates already known keep serving.
+before (a conflicting writer makes us re-read and merge), skipped when nothing changed, kept under the
+API server's 1 MiB limit (groups at zero first), and made only by the leader: a follower reads each
+ConfigMap once at start and makes no further call for them. Records of node groups the cloud has not
+listed for ``forget_after`` are deleted. No call to the API server runs in an RPC or under a backend
+lock: the watch and the writes have threads of their own, and an unreachable API server only delays
+learning (logged, counted in ``ca_externalgrpc_kube_api_errors_total``); the templates already known keep
+serving.
 """
 
 from __future__ import annotations
@@ -25,16 +38,17 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from providers.backend import Backend
-from providers.bizfly.templates import PER_NODE_LABELS as BIZFLY_PER_NODE_LABELS
 from providers.model import LearnedTemplate, NodeTemplate, Taint
+from providers.node_labels import GroupLabels, KeyPatterns, machine_names
 from providers.registry import Registry
-from providers.scaleway.templates import NODE_SPECIFIC_LABELS as SCALEWAY_PER_NODE_LABELS
-from server.kube.client import KubeConnection
+from server.kube.client import KubeConnection, core_path
 from server.kube.settings import LearnedTemplatesConfig
 from server.node_encoding import is_valid_quantity
 
@@ -44,19 +58,23 @@ FEATURE = "learned_templates"
 FORMAT_VERSION = 1
 # The API server ends a watch after this long; the next one resumes from the last resourceVersion.
 WATCH_SECONDS = 60
+# Nodes per page of the list: a page of kubelet Nodes (50 images each) is about 15 KiB a node, so the
+# bytes of one page, the only thing held whole, stay near 1.5 MiB however large the cluster.
+LIST_PAGE = 100
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 60.0
-FOLLOWER_RECHECK = 2.0  # a follower holding back a write looks again this often (it may lead by then)
+FOLLOWER_RECHECK = 2.0  # a follower with records to write asks its own Leadership this often (no API call)
+# A node seen Ready whose providerID no cloud listing maps to a group is forgotten after this many
+# listings of every backend (its machine is not one of ours); its next change is looked at again.
+UNMAPPED_LISTINGS = 2
+# The API server refuses a ConfigMap whose data exceeds 1 MiB; what is written stays below this.
+CONFIGMAP_BUDGET = 1024 * 1024 - 32 * 1024
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_GONE = 410
 
-# Labels that name one machine, never its group: the node's own name, and the per-machine labels each
-# cloud package already keeps out of its templates (Bizfly's node and server ids, Kapsule's node id).
-PER_NODE_LABELS = frozenset(
-    {"kubernetes.io/hostname", "node.kubernetes.io/instance-id"} | BIZFLY_PER_NODE_LABELS | SCALEWAY_PER_NODE_LABELS
-)
-# Taints that come and go with a node's condition or with the autoscaler's own work, never with the group.
+# Taints that come and go with a node's condition or with the autoscaler's own work, never with the group:
+# not learned even when the config names them.
 TRANSIENT_TAINTS = frozenset(
     {
         "ToBeDeletedByClusterAutoscaler",  # the CA marks a node it is removing
@@ -81,59 +99,143 @@ def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+# ---------------------------------------------------------------------------------------- what is read
+# The fields of a Node the learner uses; msgspec skips every other byte of the JSON without building it.
+class _Meta(msgspec.Struct):
+    name: str = ""
+    labels: dict[str, str] = {}
+    deletionTimestamp: str | None = None  # noqa: N815 - the API's field name
+    resourceVersion: str = ""  # noqa: N815
+
+
+class _Taint(msgspec.Struct):
+    key: str = ""
+    value: str = ""
+    effect: str = ""
+
+
+class _Spec(msgspec.Struct):
+    providerID: str = ""  # noqa: N815
+    taints: list[_Taint] = []
+
+
+class _Condition(msgspec.Struct):
+    type: str = ""
+    status: str = ""
+
+
+class _Status(msgspec.Struct):
+    capacity: dict[str, str] = {}
+    allocatable: dict[str, str] = {}
+    conditions: list[_Condition] = []
+
+
+class NodeFields(msgspec.Struct):
+    """A Node as the learner reads it (also a watch BOOKMARK's object: only its resourceVersion is set)."""
+
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    spec: _Spec = msgspec.field(default_factory=_Spec)
+    status: _Status = msgspec.field(default_factory=_Status)
+
+
+class _ListMeta(msgspec.Struct):
+    resourceVersion: str = ""  # noqa: N815
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _NodePage(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[NodeFields] = []
+
+
+class _WatchEvent(msgspec.Struct):
+    type: str = ""
+    object: msgspec.Raw = msgspec.Raw(b"{}")  # a Node, or a Status for an ERROR event
+
+
+class _StatusObject(msgspec.Struct):
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+_PAGE = msgspec.json.Decoder(_NodePage)
+_EVENT = msgspec.json.Decoder(_WatchEvent)
+_NODE = msgspec.json.Decoder(NodeFields)
+_STATUS = msgspec.json.Decoder(_StatusObject)
+
+
+def node_fields(node: Mapping[str, Any]) -> NodeFields:
+    """The learner's view of a Node given as its JSON object (dicts)."""
+    return msgspec.convert(node, NodeFields)
+
+
+class WatchError(Exception):
+    """The watch answered an ERROR event (a Status): ``status`` is its HTTP code (410: expired)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+
+
 # ---------------------------------------------------------------------------------------- pure rules
-def is_ready(node: Any) -> bool:
-    conditions = (node.status.conditions if node.status is not None else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+@dataclass(frozen=True)
+class LearningRules:
+    """What a node may teach: the labels that describe its group (``GroupLabels``, with the config's
+    ``labels``), the taints of the config's ``taints``."""
+
+    labels: GroupLabels = field(default_factory=GroupLabels)
+    taints: KeyPatterns = field(default_factory=lambda: KeyPatterns.of(()))
+
+    @classmethod
+    def of(cls, settings: LearnedTemplatesConfig) -> LearningRules:
+        return cls(GroupLabels.with_extra(settings.labels), KeyPatterns.of(settings.taints))
+
+    def keep_labels(self, labels: Mapping[str, str], machine: Iterable[str] = ()) -> dict[str, str]:
+        return self.labels.keep(labels, machine)
+
+    def keep_taints(self, taints: Iterable[Taint]) -> tuple[Taint, ...]:
+        kept = {
+            (t.key, t.value, t.effect) for t in taints if self.taints.match(t.key) and not is_transient_taint(t.key)
+        }
+        return tuple(Taint(key, value, effect) for key, value, effect in sorted(kept))
+
+    def filter(self, template: NodeTemplate) -> NodeTemplate:
+        """A template (a stored record) cut down to what these rules learn."""
+        return NodeTemplate(
+            labels=self.keep_labels(template.labels),
+            taints=self.keep_taints(template.taints),
+            capacity=template.capacity,
+            allocatable=template.allocatable,
+        )
 
 
-def _machine_names(node: Any) -> set[str]:
-    """Values that identify this one machine: its name, its providerID and the id at the providerID's end."""
-    names = {node.metadata.name}
-    provider_id = (node.spec.provider_id if node.spec is not None else None) or ""
-    if provider_id:
-        names.add(provider_id)
-        names.add(provider_id.rstrip("/").rsplit("/", 1)[-1])
-    return {n for n in names if n}
+DEFAULT_RULES = LearningRules()
 
 
-def group_labels(node: Any) -> dict[str, str]:
-    """The node's labels that every node of its group carries: per-node ones (PER_NODE_LABELS, and any
-    label whose value is the node's name or its machine's id) are dropped, since a template carrying them
-    would describe one existing machine and a pod that selects on them would be placed on a copy of it."""
-    machine = _machine_names(node)
-    labels = node.metadata.labels or {}
-    return {k: v for k, v in labels.items() if k not in PER_NODE_LABELS and v not in machine}
+def is_ready(node: NodeFields) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
 
 
 def is_transient_taint(key: str) -> bool:
     return key in TRANSIENT_TAINTS or key.startswith(TRANSIENT_TAINT_PREFIXES)
 
 
-def group_taints(node: Any) -> tuple[Taint, ...]:
-    taints = (node.spec.taints if node.spec is not None else None) or []
-    kept = {
-        (t.key, t.value or "", t.effect)
-        for t in taints
-        if t.key and t.effect in _EFFECTS and not is_transient_taint(t.key)
-    }
-    return tuple(Taint(key, value, effect) for key, value, effect in sorted(kept))
-
-
-def template_from_node(node: Any) -> NodeTemplate | None:
+def template_from_node(node: NodeFields, rules: LearningRules = DEFAULT_RULES) -> NodeTemplate | None:
     """What a new node of the group will look like, from a Ready node of it; None when it is not Ready,
     is being deleted, or reports no capacity."""
-    if node.metadata.deletion_timestamp is not None or not is_ready(node) or node.status is None:
+    if node.metadata.deletionTimestamp is not None or not is_ready(node):
         return None
-    capacity = {str(k): str(v) for k, v in (node.status.capacity or {}).items()}
-    allocatable = {str(k): str(v) for k, v in (node.status.allocatable or {}).items()}
+    capacity = node.status.capacity
     if not capacity.get("cpu") or not capacity.get("memory"):
         return None
+    taints = (Taint(t.key, t.value, t.effect) for t in node.spec.taints if t.key and t.effect in _EFFECTS)
     return NodeTemplate(
-        labels=group_labels(node),
-        taints=group_taints(node),
-        capacity=capacity,
-        allocatable=allocatable or dict(capacity),
+        labels=rules.keep_labels(node.metadata.labels, machine_names(node.metadata.name, node.spec.providerID)),
+        taints=rules.keep_taints(taints),
+        capacity=dict(capacity),
+        allocatable=dict(node.status.allocatable or capacity),
     )
 
 
@@ -158,14 +260,14 @@ class BadRecord(ValueError):
     """A ConfigMap value that is not a learned template of this format (edited by hand, or newer)."""
 
 
-def _string_map(data: Mapping[str, Any], field: str, quantities: bool = False) -> dict[str, str]:
-    value = data.get(field)
+def _string_map(data: Mapping[str, Any], key: str, quantities: bool = False) -> dict[str, str]:
+    value = data.get(key)
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise BadRecord(f"{field} is not a map of strings")
+        raise BadRecord(f"{key} is not a map of strings")
     if quantities:
         bad = [f"{k}={v}" for k, v in value.items() if not is_valid_quantity(v)]
         if bad:
-            raise BadRecord(f"{field} holds invalid quantities: {', '.join(bad[:3])}")
+            raise BadRecord(f"{key} holds invalid quantities: {', '.join(bad[:3])}")
     return dict(value)
 
 
@@ -200,14 +302,50 @@ def configmap_name(settings: LearnedTemplatesConfig, backend: str) -> str:
     return f"{settings.configmap_prefix}-{backend}"
 
 
-# ---------------------------------------------------------------------------------------- the learner
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    """What the learner keeps of one Node: enough to map it to a group and to learn from it."""
+def fit_in_budget(
+    encoded: Mapping[str, str], at_zero: Callable[[str], bool], budget: int = CONFIGMAP_BUDGET
+) -> tuple[dict[str, str], list[str]]:
+    """The records to store when all of them would pass the ConfigMap size limit, and the groups left out.
 
-    name: str
+    Groups at zero come first (their record is the only description of a new node they have); among
+    equals the smaller record first, so that as many groups as possible keep theirs. A group with Ready
+    nodes that is left out is learned again from them after a restart."""
+    size = sum(len(k) + len(v) for k, v in encoded.items())
+    if size <= budget:
+        return dict(encoded), []
+    kept: dict[str, str] = {}
+    left_out: list[str] = []
+    used = 0
+    for key in sorted(encoded, key=lambda k: (not at_zero(k), len(encoded[k]), k)):
+        cost = len(key) + len(encoded[key])
+        if used + cost <= budget:
+            kept[key] = encoded[key]
+            used += cost
+        else:
+            left_out.append(key)
+    return kept, sorted(left_out)
+
+
+# ---------------------------------------------------------------------------------------- the learner
+GroupKey = tuple[str, str]  # (backend name, node group id)
+
+
+@dataclass(slots=True)
+class _Unmapped:
+    """A Ready node whose providerID no listing maps to a group yet (its machine may be newer)."""
+
     provider_id: str
-    template: NodeTemplate | None  # None: not Ready (or nothing to learn)
+    template: NodeTemplate
+    listings: dict[str, int]  # backend name -> snapshot version when the node was seen
+
+
+@dataclass(slots=True)
+class _Teaching:
+    """Who taught a group's record, and who would teach next."""
+
+    teacher: str  # the record's node
+    teacher_current: bool  # that node is still Ready with the recorded template (as last seen)
+    candidate: tuple[str, NodeTemplate] | None = None  # another Ready node whose template differs
 
 
 class TemplateLearner:
@@ -223,33 +361,40 @@ class TemplateLearner:
         leads: Callable[[], bool] = lambda: True,
     ) -> None:
         self.connection = connection
-        # With leader election every replica watches and reads (a follower has the templates ready when
-        # it takes over), and only the leader writes the ConfigMaps.
+        # With leader election every replica reads its ConfigMaps at start (a follower has the templates
+        # ready when it takes over) and watches once it has a cloud listing; only the leader writes.
         self._leads = leads
-        self.core = connection.core()
         self.registry = registry
         self.settings = settings
+        self.rules = LearningRules.of(settings)
         self._on_api_error = on_api_error
         self._clock = clock
         self._backends = {b.name: b for b in registry.backends}
         self._lock = threading.Lock()  # guards the fields below; never held over an API call
-        self._nodes: dict[str, NodeView] = {}
         self._records: dict[str, dict[str, LearnedTemplate]] = {name: {} for name in self._backends}
-        self._dirty: set[str] = set(self._backends)  # every ConfigMap is read (and merged) once at start
+        self._teaching: dict[GroupKey, _Teaching] = {}
+        self._roles: dict[str, GroupKey] = {}  # node name -> the group it teaches or would teach
+        self._unmapped: dict[str, _Unmapped] = {}
+        self._absent_since: dict[GroupKey, float] = {}  # groups with a record the cloud does not list
+        self._forgotten: set[GroupKey] = set()  # records deleted for that: not adopted again from the ConfigMap
+        self._dirty: set[str] = set()
         self._written_at: dict[str, float] = {}
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._listed = threading.Event()  # some backend has a cloud listing: nodes can be mapped
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Read the ConfigMaps (bounded by the request timeout), then watch Nodes and write in the background."""
         for name in self._backends:
-            self._sync_configmap(name)
+            self._sync_configmap(name, write=False)
         for backend in self._backends.values():
             backend.listeners.append(self._backend_synced)
+            if backend.health().synced:
+                self._listed.set()
         for target, name in ((self._watch_loop, "learn-templates-watch"), (self._write_loop, "learn-templates-write")):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -258,12 +403,14 @@ class TemplateLearner:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._listed.set()
         for backend in self._backends.values():
             if self._backend_synced in backend.listeners:
                 backend.listeners.remove(self._backend_synced)
         # Write what was learned since the last write, within one request timeout, so a restart keeps it.
-        for name in self._pending():
-            self._sync_configmap(name)
+        if self._leads():
+            for name in self._pending():
+                self._sync_configmap(name)
         for thread in self._threads:
             thread.join(timeout=1.0)  # a watch blocked in a read ends when the connection closes
 
@@ -281,44 +428,149 @@ class TemplateLearner:
 
     # ------------------------------------------------------------------ what is learned
     def _backend_synced(self, backend: Backend) -> None:
-        """After a cloud listing: nodes seen before their machine was listed now map to a group."""
+        """After a cloud listing: nodes seen before their machine was listed now map to a group, nodes of
+        no group are forgotten, and records of groups the cloud no longer lists age towards deletion."""
+        if not backend.health().synced:
+            return
+        self._listed.set()
+        versions = {b.name: b.snapshot.version for b in self._backends.values()}
         with self._lock:
-            views = [v for v in self._nodes.values() if v.template is not None]
-        for view in views:
-            self._consider(view)
+            waiting = list(self._unmapped.items())
+        for name, node in waiting:
+            found = self.registry.group_for_provider_id(node.provider_id)
+            if found is not None:
+                with self._lock:
+                    if self._unmapped.get(name) is not node:
+                        continue  # changed or gone meanwhile
+                    del self._unmapped[name]
+                self._consider(found[0], found[1], name, node.template)
+            elif all(versions[b] >= seen + UNMAPPED_LISTINGS for b, seen in node.listings.items()):
+                with self._lock:
+                    if self._unmapped.get(name) is node:
+                        del self._unmapped[name]
+        self._age_records(backend)
 
-    def observe(self, node: Any) -> None:
-        """A Node added or changed (from the list or the watch)."""
-        provider_id = (node.spec.provider_id if node.spec is not None else None) or ""
-        view = NodeView(node.metadata.name, provider_id, template_from_node(node) if provider_id else None)
+    def _age_records(self, backend: Backend) -> None:
+        listed = set(backend.snapshot.groups)
+        forgotten: list[str] = []
         with self._lock:
-            self._nodes[view.name] = view
-        if view.template is not None:
-            self._consider(view)
+            self._forgotten = {key for key in self._forgotten if key[0] != backend.name or key[1] not in listed}
+            for group_id in list(self._records.get(backend.name, {})):
+                if self._expired((backend.name, group_id), listed):
+                    self._forget_group((backend.name, group_id))
+                    forgotten.append(group_id)
+            if forgotten:
+                self._dirty.add(backend.name)
+        for group_id in forgotten:
+            backend.set_learned_template(group_id, None)
+        if forgotten:
+            log.info(
+                "learned templates: forgot the records of node groups the cloud no longer lists",
+                extra={
+                    "backend": backend.name,
+                    "node_groups": forgotten[:20],
+                    "forget_after": self.settings.forget_after,
+                },
+            )
+            self._wake.set()
+
+    def _expired(self, key: GroupKey, listed: set[str]) -> bool:
+        """Under the lock: the group has been missing from the cloud's listings for ``forget_after``."""
+        if key[1] in listed:
+            self._absent_since.pop(key, None)
+            return False
+        since = self._absent_since.setdefault(key, self._clock())
+        return self._clock() - since >= self.settings.forget_after
+
+    def _forget_group(self, key: GroupKey) -> None:
+        """Under the lock: drop a group's record and who taught it."""
+        self._records.get(key[0], {}).pop(key[1], None)
+        self._absent_since.pop(key, None)
+        self._forgotten.add(key)
+        teaching = self._teaching.pop(key, None)
+        if teaching is not None:
+            for name in (teaching.teacher, teaching.candidate[0] if teaching.candidate else None):
+                if name is not None and self._roles.get(name) == key:
+                    del self._roles[name]
+
+    def observe(self, node: NodeFields) -> None:
+        """A Node added or changed (from the list or the watch)."""
+        name, provider_id = node.metadata.name, node.spec.providerID
+        template = template_from_node(node, self.rules) if provider_id else None
+        found = self.registry.group_for_provider_id(provider_id) if template is not None else None
+        with self._lock:
+            role = self._roles.get(name)
+            if found is None:
+                if template is not None:
+                    versions = {b.name: b.snapshot.version for b in self._backends.values()}
+                    self._unmapped[name] = _Unmapped(provider_id, template, versions)
+                else:
+                    self._unmapped.pop(name, None)
+            else:
+                self._unmapped.pop(name, None)
+        if role is not None and (found is None or (found[0].name, found[1]) != role):
+            self._stops_teaching(name, role)  # not Ready any more, or no longer of that group
+        if found is not None and template is not None:
+            self._consider(found[0], found[1], name, template)
 
     def forget(self, name: str) -> None:
         """A Node deleted: what it taught stays (that is the point: its group may now be at zero)."""
         with self._lock:
-            self._nodes.pop(name, None)
+            self._unmapped.pop(name, None)
+            role = self._roles.get(name)
+        if role is not None:
+            self._stops_teaching(name, role)
 
-    def _consider(self, view: NodeView) -> None:
-        found = self.registry.group_for_provider_id(view.provider_id)
-        if found is None or view.template is None:
-            return  # a node of no group this server manages (or its machine is not listed yet)
-        backend, group_id = found
+    def _stops_teaching(self, name: str, key: GroupKey) -> None:
+        """``name`` no longer teaches ``key``'s template: the record stays; a waiting candidate takes over."""
+        with self._lock:
+            teaching = self._teaching.get(key)
+            if self._roles.get(name) == key:
+                del self._roles[name]
+            if teaching is None:
+                return
+            if teaching.candidate is not None and teaching.candidate[0] == name:
+                teaching.candidate = None
+                return
+            if teaching.teacher != name:
+                return
+            teaching.teacher_current = False
+            candidate, teaching.candidate = teaching.candidate, None
+        if candidate is not None:
+            backend = self._backends.get(key[0])
+            if backend is not None:
+                self._consider(backend, key[1], candidate[0], candidate[1])
+
+    def _consider(self, backend: Backend, group_id: str, name: str, template: NodeTemplate) -> None:
+        key = (backend.name, group_id)
         with self._lock:
             records = self._records.setdefault(backend.name, {})
             current = records.get(group_id)
-            if current is not None and current.template == view.template:
+            teaching = self._teaching.get(key)
+            if current is not None and current.template == template:
+                if teaching is not None and teaching.teacher == name:
+                    teaching.teacher_current = True
+                    self._roles[name] = key
+                elif teaching is not None and teaching.candidate is not None and teaching.candidate[0] == name:
+                    teaching.candidate = None  # it teaches what is recorded: nothing to take over
+                    self._roles.pop(name, None)
                 return
-            if current is not None and current.node_name != view.name:
-                teacher = self._nodes.get(current.node_name)
-                if teacher is not None and teacher.template == current.template:
-                    # Its teacher is still Ready and unchanged: nodes that differ slightly (memory
-                    # reported a few KiB apart) must not make the record flap.
-                    return
-            learned = LearnedTemplate(view.template, view.name, _utc_now())
+            if current is not None and teaching is not None and teaching.teacher != name and teaching.teacher_current:
+                # Its teacher is still Ready and unchanged: nodes that differ slightly (memory reported a
+                # few KiB apart) must not make the record flap. Remember one, to take over if it goes.
+                if teaching.candidate is not None and self._roles.get(teaching.candidate[0]) == key:
+                    del self._roles[teaching.candidate[0]]
+                teaching.candidate = (name, template)
+                self._roles[name] = key
+                return
+            learned = LearnedTemplate(template, name, _utc_now())
             records[group_id] = learned
+            if teaching is not None:
+                for old in (teaching.teacher, teaching.candidate[0] if teaching.candidate else None):
+                    if old is not None and old != name and self._roles.get(old) == key:
+                        del self._roles[old]
+            self._teaching[key] = _Teaching(name, True)
+            self._roles[name] = key
             self._dirty.add(backend.name)
         backend.set_learned_template(group_id, learned)
         log.info(
@@ -326,8 +578,8 @@ class TemplateLearner:
             extra={
                 "backend": backend.name,
                 "node_group": group_id,
-                "node": view.name,
-                "allocatable": dict(view.template.allocatable),
+                "node": name,
+                "allocatable": dict(template.allocatable),
             },
         )
         self._wake.set()
@@ -336,10 +588,15 @@ class TemplateLearner:
         with self._lock:
             return dict(self._records.get(backend, {}))
 
-    # ------------------------------------------------------------------ the Node watch
+    # ------------------------------------------------------------------ the Node list and watch
     def _watch_loop(self) -> None:
         resource_version: str | None = None
         backoff = BACKOFF_FIRST
+        # Until a cloud listing exists no node can be mapped to a group (a follower has none until it
+        # leads): reading Nodes before that would only hold them in memory.
+        while not self._listed.wait(timeout=1.0):
+            if self._stop.is_set():
+                return
         while not self._stop.is_set():
             try:
                 if resource_version is None:
@@ -350,7 +607,7 @@ class TemplateLearner:
                 if self._stop.is_set():
                     return
                 if getattr(err, "status", None) == HTTP_GONE:
-                    log.info("learned templates: the Node watch expired (410 Gone); listing again")
+                    log.info("learned templates: the Node watch or list expired (410 Gone); listing again")
                     resource_version = None
                     continue
                 self._api_error("watch_nodes", err)
@@ -358,36 +615,51 @@ class TemplateLearner:
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _relist(self) -> str:
-        listing = self.core.list_node(_request_timeout=self.connection.request_timeout * 4)
-        names = set()
-        for node in listing.items:
-            names.add(node.metadata.name)
-            self.observe(node)
+        """List every Node, a page at a time; the resourceVersion to watch from."""
         with self._lock:
-            for name in set(self._nodes) - names:  # deleted while we were not watching
-                del self._nodes[name]
-        return str(listing.metadata.resource_version)
+            tracked = set(self._roles) | set(self._unmapped)
+        seen: set[str] = set()
+        token = ""
+        while True:
+            query: list[tuple[str, str | int | bool]] = [("limit", LIST_PAGE)]
+            if token:
+                query.append(("continue", token))
+            page = _PAGE.decode(self.connection.request_bytes("GET", core_path("nodes"), query=query))
+            for node in page.items:
+                if node.metadata.name in tracked:
+                    seen.add(node.metadata.name)
+                self.observe(node)
+            token = page.metadata.continue_
+            if not token or self._stop.is_set():
+                break
+        for name in tracked - seen:  # deleted while we were not watching
+            self.forget(name)
+        return page.metadata.resourceVersion
 
     def _watch(self, resource_version: str) -> str:
-        from kubernetes import watch
-
-        stream = watch.Watch()
-        for event in stream.stream(
-            self.core.list_node,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_SECONDS,
-            _request_timeout=(self.connection.request_timeout, WATCH_SECONDS + 15),
-        ):
-            if self._stop.is_set():
-                stream.stop()
-                break
-            kind = event["type"]
-            if kind in ("ADDED", "MODIFIED"):
-                self.observe(event["object"])
-            elif kind == "DELETED":
-                self.forget(event["object"].metadata.name)
-        return str(stream.resource_version or resource_version)
+        query: list[tuple[str, str | int | bool]] = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", WATCH_SECONDS),
+        ]
+        timeout = (self.connection.request_timeout, WATCH_SECONDS + 15)
+        with self.connection.stream_lines(core_path("nodes"), query=query, timeout=timeout) as lines:
+            for line in lines:
+                if self._stop.is_set():
+                    break
+                event = _EVENT.decode(line)
+                if event.type == "ERROR":
+                    status = _STATUS.decode(event.object)
+                    raise WatchError(status.code, status.reason, status.message)
+                node = _NODE.decode(event.object)
+                resource_version = node.metadata.resourceVersion or resource_version
+                if event.type in ("ADDED", "MODIFIED"):
+                    self.observe(node)
+                elif event.type == "DELETED":
+                    self.forget(node.metadata.name)
+                # BOOKMARK: only the resourceVersion to resume from
+        return resource_version
 
     # ------------------------------------------------------------------ the ConfigMaps
     def _write_loop(self) -> None:
@@ -396,6 +668,11 @@ class TemplateLearner:
             self._wake.clear()
             if self._stop.is_set():
                 return
+            for backend in self._backends.values():
+                if backend.health().synced:
+                    self._age_records(backend)  # a group missing from the last listing for forget_after
+            if not self._leads():
+                continue  # a follower writes nothing, and reads nothing: it asks again in FOLLOWER_RECHECK
             now = self._clock()
             for name in self._pending():
                 if now >= self._due(name):
@@ -409,48 +686,65 @@ class TemplateLearner:
         return max(interval_due, retry)
 
     def _next_due(self) -> float:
+        with self._lock:
+            absent = min(self._absent_since.values(), default=None)
+        forget_at = absent + self.settings.forget_after - self._clock() if absent is not None else 3600.0
         pending = self._pending()
         if not pending:
-            return 3600.0
-        return max(0.05, min(self._due(n) for n in pending) - self._clock())
+            return max(0.05, min(forget_at, 3600.0))
+        if not self._leads():
+            return FOLLOWER_RECHECK
+        return max(0.05, min(forget_at, *(self._due(n) - self._clock() for n in pending)))
 
-    def _sync_configmap(self, backend_name: str) -> None:
-        """Read the backend's ConfigMap, adopt the groups it knows that we do not, write ours when they differ.
+    def _sync_configmap(self, backend_name: str, write: bool = True) -> None:
+        """Read the backend's ConfigMap, adopt the groups it knows that we do not, and (``write``) write
+        ours when they differ.
 
         A failure leaves the backend dirty and retries after a backoff; a conflict (another writer got in
         between) retries at once with a fresh read.
         """
         for _attempt in range(3):
             try:
-                if self._read_merge_write(backend_name):
+                if self._read_merge_write(backend_name, write):
                     break
             except Exception as err:  # an API failure delays the write; it never reaches an RPC
-                self._api_error("write_configmap", err)
+                self._api_error("write_configmap" if write else "read_configmap", err)
                 with self._lock:
+                    if not write:
+                        self._dirty.add(backend_name)  # read (and merged) again at the first write
                     failures = self._failures[backend_name] = self._failures.get(backend_name, 0) + 1
                     self._retry_at[backend_name] = self._clock() + min(BACKOFF_FIRST * 2 ** (failures - 1), BACKOFF_MAX)
                 return
         with self._lock:
             self._failures.pop(backend_name, None)
-            if self._leads():  # a follower keeps its recheck time (set in _read_merge_write)
-                self._retry_at.pop(backend_name, None)
+            self._retry_at.pop(backend_name, None)
 
-    def _read_merge_write(self, backend_name: str) -> bool:
+    def _read_merge_write(self, backend_name: str, write: bool) -> bool:
         """One read-merge-write round; False on a write conflict (read again)."""
-        from kubernetes.client.rest import ApiException
+        from kubernetes.client.exceptions import ApiException
 
-        core, name, namespace = self.core, configmap_name(self.settings, backend_name), self.connection.namespace
-        timeout = self.connection.request_timeout
+        name, namespace = configmap_name(self.settings, backend_name), self.connection.namespace
+        path = core_path("configmaps", namespace, name)
         try:
-            existing = core.read_namespaced_config_map(name, namespace, _request_timeout=timeout)
+            existing: dict[str, Any] | None = self.connection.request("GET", path)
         except ApiException as err:
             if err.status != HTTP_NOT_FOUND:
                 raise
             existing = None
-        stored = dict((existing.data or {}) if existing is not None else {})
+        stored: dict[str, str] = dict((existing or {}).get("data") or {})
         self._adopt(backend_name, stored)
+        if not write:
+            return True
+        backend = self._backends.get(backend_name)
+        listed = set(backend.snapshot.groups) if backend is not None and backend.health().synced else None
         with self._lock:
             ours = {gid: encode_learned(rec) for gid, rec in self._records.get(backend_name, {}).items()}
+            # Entries we cannot read (hand-edited, a newer format) stay while their group is listed.
+            foreign = {
+                gid: text
+                for gid, text in stored.items()
+                if gid not in ours and (backend_name, gid) not in self._forgotten and (listed is None or gid in listed)
+            }
             self._dirty.discard(backend_name)  # a change from now on makes it dirty again
         unstorable = sorted(gid for gid in ours if not _CONFIGMAP_KEY.match(gid))
         if unstorable:
@@ -459,13 +753,20 @@ class TemplateLearner:
                 "learned templates: node group ids that cannot be ConfigMap keys are not stored",
                 extra={"backend": backend_name, "node_groups": unstorable[:10]},
             )
-        wanted = {**stored, **{gid: text for gid, text in ours.items() if gid not in unstorable}}
+        encoded = {**foreign, **{gid: text for gid, text in ours.items() if gid not in unstorable}}
+        wanted, left_out = fit_in_budget(encoded, lambda gid: self._at_zero(backend, gid))
+        if left_out:
+            log.warning(
+                "learned templates: the records do not all fit in the ConfigMap's 1 MiB; the groups left out "
+                "keep their template in memory and are learned again from their nodes after a restart",
+                extra={
+                    "configmap": name,
+                    "stored": len(wanted),
+                    "left_out": len(left_out),
+                    "node_groups": left_out[:10],
+                },
+            )
         if existing is not None and wanted == stored:
-            return True
-        if not self._leads():
-            with self._lock:
-                self._dirty.add(backend_name)  # written once this replica leads
-                self._retry_at[backend_name] = self._clock() + FOLLOWER_RECHECK
             return True
         if existing is None and not wanted:
             return True  # nothing learned yet: no empty ConfigMap
@@ -481,10 +782,10 @@ class TemplateLearner:
         }
         try:
             if existing is None:
-                core.create_namespaced_config_map(namespace, body, _request_timeout=timeout)
+                self.connection.request("POST", core_path("configmaps", namespace), body=body)
             else:
-                body["metadata"]["resourceVersion"] = existing.metadata.resource_version
-                core.replace_namespaced_config_map(name, namespace, body, _request_timeout=timeout)
+                body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                self.connection.request("PUT", path, body=body)
         except ApiException as err:
             with self._lock:
                 self._dirty.add(backend_name)
@@ -502,8 +803,18 @@ class TemplateLearner:
         )
         return True
 
+    @staticmethod
+    def _at_zero(backend: Backend | None, group_id: str) -> bool:
+        if backend is None:
+            return False
+        try:
+            return not backend.group(group_id).instances
+        except Exception:  # noqa: BLE001 - not listed (yet): treat as a group without nodes
+            return True
+
     def _adopt(self, backend_name: str, stored: Mapping[str, str]) -> None:
-        """Install the stored templates of groups we have learned nothing about (at start: all of them)."""
+        """Install the stored templates of groups we have learned nothing about (at start: all of them),
+        cut down to what the rules learn (a record written with other rules, or by an older version)."""
         backend = self._backends.get(backend_name)
         if backend is None:
             return
@@ -511,7 +822,7 @@ class TemplateLearner:
         with self._lock:
             records = self._records.setdefault(backend_name, {})
             for group_id, text in stored.items():
-                if group_id in records:
+                if group_id in records or (backend_name, group_id) in self._forgotten:
                     continue
                 try:
                     learned = decode_learned(text)
@@ -521,7 +832,14 @@ class TemplateLearner:
                         extra={"backend": backend_name, "node_group": group_id, "error": str(err)},
                     )
                     continue
+                kept = self.rules.filter(learned.template)
+                if kept != learned.template:
+                    learned = LearnedTemplate(kept, learned.node_name, learned.learned_at)
+                    self._dirty.add(backend_name)  # rewrite it without what these rules do not learn
                 records[group_id] = learned
+                key = (backend_name, group_id)
+                self._teaching[key] = _Teaching(learned.node_name, False)
+                self._roles.setdefault(learned.node_name, key)
                 adopted.append((group_id, learned))
         for group_id, learned in adopted:
             backend.set_learned_template(group_id, learned)

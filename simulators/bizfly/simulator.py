@@ -143,6 +143,10 @@ class BizflySimulator:
         """The next ``count`` nodes the pool (id or name) creates end in the failed status."""
         self.state.fail_next_scale_up(pool_id, count, reason)
 
+    def set_pool_labels_and_taints(self, pool_id: str, labels: dict[str, str], taints: list[dict[str, str]]) -> None:
+        """Replace the labels and taints the pool (id or name) gives its nodes."""
+        self.state.set_pool_labels_and_taints(pool_id, labels, taints)
+
     def set_node_status(self, node: str, status: str, reason: str | None = None) -> None:
         """Force the status of a node given by id, physical_id or name."""
         self.state.set_node_status(node, status, reason)

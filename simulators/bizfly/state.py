@@ -490,6 +490,13 @@ class BizflyState:
             pool = self._pool_anywhere(pool_id)
             pool.pending_failures.extend([reason] * count)
 
+    def set_pool_labels_and_taints(self, pool_id: str, labels: dict[str, str], taints: list[dict[str, str]]) -> None:
+        """Replace what the pool gives its new nodes, as an operator editing the pool does."""
+        with self._lock:
+            pool = self._pool_anywhere(pool_id)
+            pool.labels = dict(labels)
+            pool.taints = [dict(t) for t in taints]
+
     def set_node_status(self, node_ref: str, status: str, reason: str | None = None) -> None:
         """Force a node's status. A vocabulary value sets the matching phase (a provisioning node set this
         way stays provisioning until changed); any other string is shown as-is and never transitions."""

@@ -11,6 +11,7 @@ clusters:
     pools:
       - {name: general, node_type: DEV1-M, size: 2, min_size: 1, max_size: 5, autoscaling: true,
          taints: {dedicated: "infra:NoSchedule"}, labels: {team: a},
+         default_labels: true,  # false: the pool's labels are `labels` alone, without the well-known ones
          nodes: 2}         # a count of ready nodes, a list of {status, id, provider_id, name}, or absent (= size)
 ```
 """
@@ -46,6 +47,7 @@ POOL_KEYS = {
     "labels",
     "taints",
     "nodes",
+    "default_labels",
 }
 
 

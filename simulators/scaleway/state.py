@@ -22,7 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from simulators.common.clock import Clock
-from simulators.scaleway.catalog import default_labels, lookup
+from simulators.scaleway.catalog import default_labels as well_known_labels
+from simulators.scaleway.catalog import lookup
 
 POOL_STATUSES = ("ready", "deleting", "deleted", "scaling", "warning", "locked", "upgrading", "unknown")
 NODE_STATUSES = (
@@ -342,8 +343,13 @@ class ScalewayState:
         labels: dict[str, str] | None = None,
         taints: dict[str, str] | None = None,
         nodes: int | list[dict[str, Any]] | None = None,
+        default_labels: bool = True,
     ) -> Pool:
-        """Add a pool; ``nodes`` is a count of ready nodes, a list of node specs, or None for ``size`` ready."""
+        """Add a pool; ``nodes`` is a count of ready nodes, a list of node specs, or None for ``size`` ready.
+
+        ``default_labels``: the pool's ``labels`` are the well-known ones (``catalog.default_labels``) with
+        ``labels`` over them; False serves ``labels`` alone (which of the two Kapsule does is not known).
+        """
         with self.lock:
             cluster = self._cluster(cluster_id)
             max_size = size if max_size is None else max_size
@@ -373,8 +379,17 @@ class ScalewayState:
                 allocatable = catalog_entry.allocatable() if catalog_entry else dict(capacity)
             if node_price_per_hour is None:
                 node_price_per_hour = catalog_entry.price_per_hour if catalog_entry else 0.0
-            merged_labels = default_labels(
-                catalog_entry, pool_id=pool_id, pool_name=name, cluster_id=cluster.id, region=cluster.region, zone=zone
+            merged_labels = (
+                well_known_labels(
+                    catalog_entry,
+                    pool_id=pool_id,
+                    pool_name=name,
+                    cluster_id=cluster.id,
+                    region=cluster.region,
+                    zone=zone,
+                )
+                if default_labels
+                else {}
             )
             merged_labels.update(labels or {})
             pool = Pool(

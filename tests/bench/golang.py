@@ -1,7 +1,9 @@
 """The Go programs the benchmark runs: the load client and the upstream example server.
 
 Both are declared in a ``build.toml`` (``loadclient/`` and ``upstream/``, group ``bench``), compiled by
-``make build`` (tests/support/gobuild.py) and only looked up here: the benchmark never compiles.
+``make build`` (tests/support/gobuild.py) and only looked up here: the benchmark never compiles. The
+upstream example is also built with the in-tree Bizfly provider instead of Scaleway's, for the in-tree
+differential (tests/integration/test_in_tree_differential.py), which finds both here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from tests.support import gobuild
 
 BENCH_DIR = Path(__file__).resolve().parent
 UPSTREAM_DIR = BENCH_DIR / "upstream"
-UPSTREAM_BINARY = "upstream-example-1.36.1"
+# The upstream example server built per in-tree provider (upstream/build.toml), by --cloud-provider name.
+UPSTREAM_BINARIES = {"scaleway": "upstream-example-1.36.1", "bizflycloud": "upstream-example-1.36.1-bizflycloud"}
 # The release the comparison is defined against.
 UPSTREAM_RELEASE = "1.36.1"
 CA_MODULE = "k8s.io/autoscaler/cluster-autoscaler"
@@ -43,9 +46,10 @@ def load_client() -> Path:
     return gobuild.binary_path("loadclient")
 
 
-def upstream_example() -> Path:
-    """The upstream example server ``make build`` compiled, after checking that it pins the release."""
-    binary = gobuild.binary_path(UPSTREAM_BINARY)
+def upstream_example(cloud_provider: str = "scaleway") -> Path:
+    """The upstream example server with the in-tree ``cloud_provider`` that ``make build`` compiled, after
+    checking that it pins the release."""
+    binary = gobuild.binary_path(UPSTREAM_BINARIES[cloud_provider])
     pin = upstream_pin()
     if pin.release != UPSTREAM_RELEASE:
         raise WrongUpstreamRelease(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,12 +26,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from devstack.clouds import scaleway_backend
-from devstack.harness import ChildProcess, ServerProcess, ServerStartError, server_config
+from devstack.clouds import scaleway_backend, scaleway_in_tree_env
+from devstack.harness import ChildProcess, ServerProcess, ServerStartError, child_env, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from tests.bench import floor_server
-from tests.bench.cluster import BENCH_REGION, BENCH_SECRET_KEY, BenchCluster
+from tests.bench.cluster import BenchCluster
 
 REPO = Path(__file__).resolve().parents[2]
 # Our server as benchmarked: the name in the results -> keys added to its config: "backend" keys to
@@ -88,8 +87,6 @@ FLOOR_VARIANTS: dict[str, list[str]] = {
 OURS_COMMAND = REPO / ".venv" / "bin" / "ca-externalgrpc"
 START_TIMEOUT = 120.0  # a cold Python start plus a 5,000-node first sync stays far below this
 POLL_INTERVAL = 0.005
-# The upstream example is configured by these variables (ours by its config file only).
-SCALEWAY_ENV = ("CLUSTER_ID", "SCW_SECRET_KEY", "SCW_REGION", "SCW_API_URL")
 
 
 @dataclass(frozen=True)
@@ -145,28 +142,35 @@ def start_ours(
     return _ready(process, process.address, expected_groups=cluster.pools, health=True)
 
 
-def _scaleway_env(cluster: BenchCluster) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SCALEWAY_ENV}
-    env.update(
-        CLUSTER_ID=cluster.cluster_id, SCW_SECRET_KEY=BENCH_SECRET_KEY, SCW_REGION=BENCH_REGION, SCW_API_URL=cluster.url
-    )
-    return env
-
-
 def start_upstream(cluster: BenchCluster, binary: Path, workdir: Path) -> BenchedServer:
-    """The upstream example server with the in-tree Scaleway provider, configured the upstream way (env).
+    """The upstream example server with the in-tree Scaleway provider, in front of the benchmark cluster."""
+    env = scaleway_in_tree_env(cluster.simulator)
+    return start_upstream_example(binary, "scaleway", env, workdir, expected_groups=cluster.pools)
+
+
+def start_upstream_example(
+    binary: Path,
+    cloud_provider: str,
+    env: Mapping[str, str],
+    workdir: Path,
+    expected_groups: int,
+    name: str = "upstream",
+) -> BenchedServer:
+    """The upstream example server ``binary`` wrapping the in-tree provider ``cloud_provider`` (``scaleway``,
+    ``bizflycloud``), configured the upstream way: by the variables ``env`` (this process's own cloud
+    variables are left out). Ready once NodeGroups answers ``expected_groups`` groups.
 
     It listens on port 0; the port it got is read from /proc (it cannot report it).
     """
     process = ChildProcess(
-        [str(binary), "--cloud-provider", "scaleway", "--v", "0", "--address", "127.0.0.1:0"],
-        env=_scaleway_env(cluster),
+        [str(binary), "--cloud-provider", cloud_provider, "--v", "0", "--address", "127.0.0.1:0"],
+        env=child_env(env),
         cwd=workdir,
-        log_path=workdir / "upstream.log",
-        name="upstream",
+        log_path=workdir / f"{name}.log",
+        name=name,
     )
     address = process.wait_listening(START_TIMEOUT)
-    return _ready(process, address, expected_groups=cluster.pools, health=False)
+    return _ready(process, address, expected_groups=expected_groups, health=False)
 
 
 def _floor_state(cluster: BenchCluster) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import yaml
 
 from devstack.certs import Pki
 from devstack.clouds import bizfly_backend, scaleway_backend
-from devstack.harness import InProcessServer, server_config
+from devstack.harness import InProcessServer, ServerProcess, server_config
 from simulators.bizfly import BizflySimulator
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
@@ -198,15 +198,25 @@ def _apply_override(
     return labels, taints, allocatable
 
 
+@dataclass(frozen=True)
+class InstalledServer:
+    """An installation's ``ca-externalgrpc`` (a virtualenv's console script) and the environment to run
+    it in, to serve a lab as a child process instead of this checkout in-process (tests/install)."""
+
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+
+
 class Lab:
     """Simulators + server for one client run. Use as a context manager."""
 
-    def __init__(self, workdir: Path, pki: Pki | None) -> None:
+    def __init__(self, workdir: Path, pki: Pki | None, installed: InstalledServer | None = None) -> None:
         self.workdir = workdir
         self.pki = pki
+        self.installed = installed
         self.scaleway = ScalewaySimulator(scenario=SCALEWAY_SCENARIO, clock=ManualClock())
         self.bizfly = BizflySimulator(scenario=BIZFLY_SCENARIO, clock=ManualClock())
-        self.server: InProcessServer | None = None
+        self.server: InProcessServer | ServerProcess | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def __enter__(self) -> Lab:
@@ -214,8 +224,18 @@ class Lab:
             self.scaleway.start()
             self.bizfly.start()
             self._shape_states()
-            # The config is generated: environment variables must not redirect it to a real cloud.
-            self.server = InProcessServer(self._server_config(), env={}, base=self.workdir)
+            if self.installed is None:
+                # The config is generated: environment variables must not redirect it to a real cloud.
+                self.server = InProcessServer(self._server_config(), env={}, base=self.workdir)
+            else:
+                # The child's environment is the one given, less the cloud variables (child_env).
+                self.server = ServerProcess(
+                    self._server_config(),
+                    env=self.installed.env,
+                    workdir=self.workdir,
+                    command=self.installed.command,
+                    from_checkout=False,
+                )
             self._wait_until_synced()
         except BaseException:
             self.close()
@@ -226,9 +246,11 @@ class Lab:
         self.close()
 
     def close(self) -> None:
-        if self.server is not None:
+        if isinstance(self.server, InProcessServer):
             self.server.stop(grace=1.0)
-            self.server = None
+        elif self.server is not None:
+            self.server.stop()
+        self.server = None
         self.scaleway.stop()
         self.bizfly.stop()
 
@@ -280,7 +302,11 @@ class Lab:
         assert self.server is not None
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while True:
-            ready, why = self.server.running.ready()
+            if isinstance(self.server, InProcessServer):
+                ready, why = self.server.running.ready()
+            else:
+                status, why = self.server.http_get("/readyz")
+                ready = status == 200
             if ready:
                 return
             if time.monotonic() > deadline:

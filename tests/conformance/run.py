@@ -27,7 +27,7 @@ from typing import Any
 
 from devstack.certs import Pki, make_pki
 from protos import externalgrpc_pb2 as pb
-from tests.conformance.lab import Endpoint, Lab
+from tests.conformance.lab import Endpoint, InstalledServer, Lab
 from tests.support import gobuild
 
 CA_RUN_TIMEOUT_SECONDS = 300
@@ -85,12 +85,20 @@ class ClientResult:
 
 
 # ----------------------------------------------------------------------------------------- CA runs
-def run_ca(binary: Path, module: CaModule, label: str, pki: Pki | None, workdir: Path) -> ClientResult:
+def run_ca(
+    binary: Path,
+    module: CaModule,
+    label: str,
+    pki: Pki | None,
+    workdir: Path,
+    installed: InstalledServer | None = None,
+) -> ClientResult:
+    """One CA client run against a fresh lab: this checkout's server in-process, or ``installed``."""
     name = f"CA {module.title} {label}"
     result = ClientResult(name)
     rundir = workdir / f"{module.binary_name}-{label}"
     rundir.mkdir()
-    with Lab(rundir, pki) as lab:
+    with Lab(rundir, pki, installed) as lab:
         expectations = rundir / "expectations.json"
         expectations.write_text(json.dumps(lab.expectations(mutate=True), indent=2))
         cloud_config = lab.write_cloud_config(rundir / "cloud-config.yaml")

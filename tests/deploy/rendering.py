@@ -100,8 +100,15 @@ def one(docs: Sequence[dict[str, Any]], kind: str, name_prefix: str) -> dict[str
     return found[0]
 
 
+def pod_containers(deployment: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod's init containers (a native sidecar is one) and its containers."""
+    spec = deployment["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
 def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
-    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    """The container or init container ``name`` of the Deployment's pod."""
+    containers = {c["name"]: c for c in pod_containers(deployment)}
     assert name in containers, f"{deployment['metadata']['name']} has no container {name!r}: {sorted(containers)}"
     return containers[name]
 

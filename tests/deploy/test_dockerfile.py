@@ -1,7 +1,8 @@
 """deploy/Dockerfile, linted structurally: multi-stage with the wheel built in the builder, the native
-serving engine built from native/Cargo.lock in a Rust stage and installed next to it from local wheels,
-nothing built in the final stage, a numeric non-root user, and an exec-form ENTRYPOINT that is the
-installed console script. No container engine is needed for these checks."""
+serving engine's wheel either built from native/Cargo.lock in a Rust stage or taken from the build
+context (make wheels), installed next to it from local wheels, nothing built in the final stage, a
+numeric non-root user, and an exec-form ENTRYPOINT that is the installed console script. No container
+engine is needed for these checks; tests/install builds nothing either but runs what make image built."""
 
 from __future__ import annotations
 
@@ -125,17 +126,41 @@ def test_final_stage_gets_no_rust_toolchain(instructions: list[Instruction]) -> 
     assert not re.search(r"\b(cargo|rustc|rustup|maturin)\b", runs(builder))
 
 
-def test_builder_and_final_stage_use_the_same_slim_python_311_base(instructions: list[Instruction]) -> None:
+def test_builder_and_runtime_default_to_the_same_slim_python_311_base(instructions: list[Instruction]) -> None:
+    """The virtualenv is copied between stages: the runtime must hold the builder's interpreter. Both
+    bases are build arguments (make image passes a Debian-made pair); their defaults are one image."""
     builder, final = stage_named(instructions, "builder"), stages(instructions)[-1]
-    bases = {builder[0].argument.split()[0], final[0].argument.split()[0]}
-    assert len(bases) == 1, "the virtualenv is copied between stages: the interpreter must be the same"
+    assert final == stage_named(instructions, "runtime")
+    defaults = {base_image(instructions, builder), base_image(instructions, final)}
+    assert len(defaults) == 1, defaults
     assert re.match(r"^python:3\.11(\.\d+)?-slim", base_image(instructions, final)), base_image(instructions, final)
+    for stage in (builder, final):
+        assert stage[0].argument.split()[0].startswith("${"), "the base is a build argument"
+
+
+def test_the_native_wheel_comes_from_the_stage_native_wheel_names_by_default_the_rust_one(
+    instructions: list[Instruction],
+) -> None:
+    native = stage_named(instructions, "native")
+    assert native[0].argument.split()[0] == "native-${NATIVE_WHEEL}" and len(native) == 1
+    assert arg_defaults(instructions)["NATIVE_WHEEL"] == "rust"
+    for choice in ("rust", "context"):  # the two values docs/operations.md and make image use
+        stage_named(instructions, f"native-{choice}")
+
+
+def test_native_context_stage_takes_only_the_wheel_make_wheels_builds(instructions: list[Instruction]) -> None:
+    stage = stage_named(instructions, "native-context")
+    assert stage[0].argument.split()[0] == "scratch"
+    (copy,) = [i.argument.split() for i in stage if i.keyword == "COPY"]
+    assert copy == ["dist/ca_externalgrpc_native-*.whl", "/wheels/"]
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"maturin build --release --locked .*--out dist", makefile), "make wheels writes elsewhere"
 
 
 def test_native_engine_is_built_by_maturin_in_a_rust_stage_from_the_lock_file(
     instructions: list[Instruction],
 ) -> None:
-    native = stage_named(instructions, "native")
+    native = stage_named(instructions, "native-rust")
     rust = base_image(instructions, native)
     # A pinned minor (not rust:slim or rust:1-slim) on a named Debian release: the same toolchain and
     # glibc every build.
@@ -157,7 +182,7 @@ def test_native_engine_is_built_by_maturin_in_a_rust_stage_from_the_lock_file(
 def test_maturin_is_pinned_within_the_range_make_install_uses(instructions: list[Instruction]) -> None:
     version = arg_defaults(instructions).get("MATURIN_VERSION")
     assert version, "no ARG MATURIN_VERSION=<version> default"
-    assert "maturin==${MATURIN_VERSION}" in runs(stage_named(instructions, "native"))
+    assert "maturin==${MATURIN_VERSION}" in runs(stage_named(instructions, "native-rust"))
     dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
     (spec,) = [d.removeprefix("maturin") for d in dev if re.match(r"^maturin\b", d)]
     assert version in SpecifierSet(spec), f"maturin {version} is outside pyproject.toml's {spec!r}"
@@ -165,14 +190,14 @@ def test_maturin_is_pinned_within_the_range_make_install_uses(instructions: list
 
 def test_rust_image_is_the_python_images_debian_release(instructions: list[Instruction]) -> None:
     """The extension links against the Rust image's glibc: it must not be newer than the runtime's."""
-    rust = base_image(instructions, stage_named(instructions, "native"))
+    rust = base_image(instructions, stage_named(instructions, "native-rust"))
     python = base_image(instructions, stages(instructions)[-1])
     release = rust.rsplit("-", 1)[-1]
     assert python.endswith(f"-{release}"), f"{rust} and {python} are not the same Debian release"
 
 
 def test_rust_image_is_the_toolchain_the_readme_names(instructions: list[Instruction]) -> None:
-    rust = base_image(instructions, stage_named(instructions, "native"))
+    rust = base_image(instructions, stage_named(instructions, "native-rust"))
     named = re.search(r"built and tested with (\d+\.\d+)", (REPO / "README.md").read_text())
     assert named, "README.md no longer says which Rust the native engine is built and tested with"
     assert rust.startswith(f"rust:{named.group(1)}"), (rust, named.group(0))
@@ -187,9 +212,24 @@ def test_builder_installs_the_native_wheel_from_local_wheels_and_imports_it(
     assert installs, "the builder installs nothing"
     for install in installs:
         assert "--no-index" in install, f"pip may fetch from an index: {install}"
-    assert any("ca-externalgrpc-native" in r for r in installs), "the native engine's wheel is not installed"
+    # Through the server's [native] extra, which names the native engine's distribution.
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [re.split(r"[=<>~ ]", d)[0] for d in extras["native"]] == ["ca-externalgrpc-native"]
+    assert any('"ca-externalgrpc-server[native]"' in r for r in installs), "the native engine's wheel is not installed"
     # The smoke test: the extension imports with the virtualenv's interpreter.
-    assert re.search(r"/opt/ca-externalgrpc/bin/python -c \"import ca_externalgrpc_native\"", runs(builder))
+    assert re.search(r"/opt/ca-externalgrpc/bin/python -c \"import ca_externalgrpc_native[,\"]", runs(builder))
+
+
+def test_runtime_stage_checks_that_its_base_runs_what_the_builder_installed(instructions: list[Instruction]) -> None:
+    """A runtime base that lacks a library an extension links (make image cuts its own) fails the build."""
+    final = stages(instructions)[-1]
+    checks = [_exec_form(i) for i in final if i.keyword == "RUN" and i.argument.startswith("[")]
+    assert checks, "no exec-form RUN check in the runtime stage"
+    python, flag, code = checks[-1]
+    assert (python, flag) == ("/opt/ca-externalgrpc/bin/python", "-c")
+    for module in ("ca_externalgrpc_native", "grpc", "pydantic_core", "kubernetes.client"):
+        assert module in code, module
+    assert "cert_store_stats" in code, "the trust store the cloud calls verify against is not checked"
 
 
 def test_runs_as_a_numeric_non_root_user(instructions: list[Instruction]) -> None:
@@ -242,7 +282,9 @@ def test_build_context_excludes_everything_but_the_package_sources(instructions:
     assert copied <= allowed, f"COPY of paths the context does not contain: {sorted(copied - allowed)}"
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert {p.rstrip("*") for p in packages["include"]} <= copied
-    assert not {".venv", "tests", ".git", "native", "native/target"} & allowed
+    assert not {".venv", "tests", ".git", "native", "native/target", "dist"} & allowed
+    # From dist/ only the native wheel the native-context stage copies.
+    assert {a for a in allowed if a.startswith("dist/")} == {"dist/ca_externalgrpc_native-*.whl"}
 
 
 def test_parser_joins_continuations_and_drops_comments() -> None:

@@ -19,6 +19,7 @@ from tests.deploy.rendering import (
     mounted_volume,
     objects,
     one,
+    pod_containers,
     render,
 )
 
@@ -53,11 +54,7 @@ def _server_config(overlay: str) -> dict[str, Any]:
 
 def _server_deployment(overlay: str) -> dict[str, Any]:
     """The Deployment running the ca-externalgrpc container (the CA pod in the sidecar layout)."""
-    found = [
-        d
-        for d in _deployments(overlay)
-        if any(c["name"] == "ca-externalgrpc" for c in d["spec"]["template"]["spec"]["containers"])
-    ]
+    found = [d for d in _deployments(overlay) if any(c["name"] == "ca-externalgrpc" for c in pod_containers(d))]
     assert len(found) == 1, f"{overlay}: expected one Deployment running ca-externalgrpc, found {len(found)}"
     return found[0]
 
@@ -116,7 +113,7 @@ def test_every_container_runs_non_root_read_only_without_capabilities(overlay: s
         pod = deployment["spec"]["template"]["spec"]
         pod_ctx = pod.get("securityContext", {})
         assert pod_ctx.get("seccompProfile", {}).get("type") == "RuntimeDefault"
-        for ctr in pod["containers"]:
+        for ctr in pod_containers(deployment):
             ctx = {**pod_ctx, **ctr.get("securityContext", {})}
             where = f"{overlay}: {deployment['metadata']['name']}/{ctr['name']}"
             assert ctx.get("runAsNonRoot") is True, where
@@ -301,7 +298,7 @@ def _certificate_for_secret(docs: Any, secret_name: str) -> dict[str, Any]:
 
 def test_mtls_service_ca_pod_has_no_sidecar() -> None:
     deployment = one(render("overlays/mtls-service"), "Deployment", "cluster-autoscaler")
-    names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    names = [c["name"] for c in pod_containers(deployment)]
     assert names == ["cluster-autoscaler"]
     volumes = {v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes == {"cloud-config", "client-cert"}

@@ -67,22 +67,22 @@ def feature_needs(settings: KubernetesConfig, backends: list[str]) -> dict[str, 
     lease = settings.leader_election.lease_name
     prefix = settings.learned_templates.configmap_prefix
     return {
-        # read_namespaced_lease, create_namespaced_lease, replace_namespaced_lease
+        # GET, POST and PUT of the Lease
         "leader_election": {
             (NAMESPACE, ("coordination.k8s.io", "leases", "create", "*")),
             (NAMESPACE, ("coordination.k8s.io", "leases", "get", lease)),
             (NAMESPACE, ("coordination.k8s.io", "leases", "update", lease)),
         },
-        # read / create / replace_namespaced_config_map of the journal
+        # GET, POST and PUT of the journal's ConfigMap
         "journal": {create_configmap, *configmap(settings.journal.configmap)},
-        # list_node then a watch of it; read / create / replace of each backend's ConfigMap
+        # a list of the Nodes then a watch of them; GET, POST and PUT of each backend's ConfigMap
         "learned_templates": {
             (CLUSTER, ("", "nodes", "list", "*")),
             (CLUSTER, ("", "nodes", "watch", "*")),
             create_configmap,
             *(need for backend in backends for need in configmap(f"{prefix}-{backend}")),
         },
-        # create / patch_namespaced_event (core/v1); read / create / replace of the status ConfigMap
+        # POST and PATCH of core/v1 Events; GET, POST and PUT of the status ConfigMap
         "events": {
             (NAMESPACE, ("", "events", "create", "*")),
             (NAMESPACE, ("", "events", "patch", "*")),

@@ -110,13 +110,15 @@ class Autoscaler:
         self,
         program: Path,
         kubeconfig: Path,
-        cloud_config: Path,
+        cloud_config: Path | None,
         workdir: Path,
         extra_flags: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         flags = {**BASE_FLAGS, **(extra_flags or {})}
         flags["kubeconfig"] = str(kubeconfig)
-        flags["cloud-config"] = str(cloud_config)
+        if cloud_config is not None:  # an in-tree provider may read none (tests/e2e/migration.py)
+            flags["cloud-config"] = str(cloud_config)
         # Metrics on a port the CA binds itself; read back from /proc once it runs.
         flags["address"] = "127.0.0.1:0"
         self.metrics_address = ""
@@ -124,7 +126,7 @@ class Autoscaler:
         self.argv = [str(program), *(f"--{k}={v}" for k, v in flags.items())]
         self.log_path = workdir / "logs" / "cluster-autoscaler.log"
         self.log = AutoscalerLog(self.log_path)
-        self.process = ManagedProcess("cluster-autoscaler", self.argv, self.log_path)
+        self.process = ManagedProcess("cluster-autoscaler", self.argv, self.log_path, env)
         self.started_at = 0.0
 
     def start(self, ready_timeout: float = 60.0) -> Autoscaler:

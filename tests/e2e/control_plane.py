@@ -11,10 +11,12 @@ controller-manager (ServiceAccount tokens) are disabled.
 
 from __future__ import annotations
 
+import json
 import ssl
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from cryptography import x509
@@ -26,6 +28,18 @@ from devstack.certs import new_ca, new_leaf, write_cert, write_key
 from tests.e2e.processes import ManagedProcess, ProcessFailed, free_port
 
 START_ATTEMPTS = 3  # a free port can be taken by another program between choosing and binding it
+# With ``audit=True``: one audit event per request of any user but the API server's own, at Metadata level
+# (who, verb, object; no bodies), written when the answer is complete.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        {"level": "None", "users": ["system:apiserver"]},
+        {"level": "None", "nonResourceURLs": ["/healthz*", "/readyz*", "/livez*", "/version"]},
+        {"level": "Metadata"},
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -102,9 +116,13 @@ def write_kubeconfig(
 class ControlPlane:
     """etcd + kube-apiserver + kube-scheduler, started in that order, stopped in reverse."""
 
-    def __init__(self, programs: ControlPlanePrograms, workdir: Path, scheduler: bool = True) -> None:
+    def __init__(
+        self, programs: ControlPlanePrograms, workdir: Path, scheduler: bool = True, audit: bool = False
+    ) -> None:
         self.programs = programs
         self.with_scheduler = scheduler
+        # The audit log: which requests each user made (``audit_events``), e.g. to count a client's reads.
+        self.audit_log: Path | None = workdir / "logs" / "audit.jsonl" if audit else None
         self.workdir = workdir
         self.pki = make_cluster_pki(workdir / "pki")
         self.etcd: ManagedProcess | None = None
@@ -180,6 +198,7 @@ class ControlPlane:
                     "--disable-admission-plugins=ServiceAccount",
                     f"--cert-dir={self.workdir / 'apiserver-certs'}",
                     "--v=1",
+                    *self._audit_flags(),
                 ],
                 self.workdir / "logs" / f"kube-apiserver-{attempt}.log",
             ).start()
@@ -190,6 +209,25 @@ class ControlPlane:
                 last = exc
                 self.apiserver.stop()
         raise ProcessFailed(f"kube-apiserver did not start in {START_ATTEMPTS} attempts: {last}")
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
+        # The log backend writes each event before the answer is sent ("blocking"), so a test that reads
+        # the file after a request returned finds it there.
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking"]
+
+    def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The audit events so far (``audit=True``), of ``user`` only when given."""
+        if self.audit_log is None:
+            raise RuntimeError("this control plane was started without audit=True")
+        if not self.audit_log.exists():
+            return []
+        events = [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+        return [e for e in events if user is None or e.get("user", {}).get("username") == user]
 
     def _start_scheduler(self) -> None:
         self.scheduler = ManagedProcess(

@@ -22,6 +22,7 @@ import kubernetes
 from kubernetes import client as k8s
 
 from devstack.clouds import bizfly_backend, scaleway_backend
+from devstack.container import ContainerServer
 from devstack.harness import SCW_SECRET, ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
 from simulators.bizfly import BizflySimulator
@@ -107,16 +108,27 @@ SERVER_NAMESPACE = "kube-system"
 
 
 class OurServer:
-    """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), with the reads the
-    scenarios check and a restart that keeps the address the CA's cloud-config names."""
+    """``ca-externalgrpc serve`` as a child process (the harness's ``ServerProcess``), or with ``image`` the
+    container image run by podman on host networking (``ContainerServer``), with the reads the scenarios
+    check and a restart that keeps the address the CA's cloud-config names."""
 
-    def __init__(self, config: Mapping[str, Any], workdir: Path, name: str = "server") -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        workdir: Path,
+        name: str = "server",
+        env: Mapping[str, str] | None = None,
+        image: str | None = None,
+    ) -> None:
         self.name = name
         self.log_path = workdir / "logs" / f"{name}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.process = ServerProcess(
-            {**config, "log": {"format": "json"}}, workdir=workdir, log_path=self.log_path, name=name
-        )
+        config = {**config, "log": {"format": "json"}}
+        self.process: ServerProcess
+        if image is not None:
+            self.process = ContainerServer(image, config, dict(env or {}), workdir, name=name, log_path=self.log_path)
+        else:
+            self.process = ServerProcess(config, env=env, workdir=workdir, log_path=self.log_path, name=name)
 
     @property
     def address(self) -> str:
@@ -422,6 +434,15 @@ def with_kubernetes(features: Mapping[str, Any]) -> ServeBackends:
             "identity": "ca-externalgrpc-e2e",
         }
         return OurServer(server_config(backends, kubernetes={**connection, **features}), env.workdir)
+
+    return serve
+
+
+def in_container(image: str) -> ServeBackends:
+    """One server as the container image ``make image`` built (tests/e2e/test_image.py)."""
+
+    def serve(env: E2EEnvironment, backends: list[dict[str, Any]]) -> OurServer:
+        return OurServer(server_config(backends), env.workdir, image=image)
 
     return serve
 

@@ -10,7 +10,7 @@ import contextlib
 import signal
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from devstack.harness import ChildProcess
@@ -40,15 +40,16 @@ class ManagedProcess:
     """One program of the cluster, run by the harness's ``ChildProcess`` with its output in ``log_path``;
     adds the checks the scenarios need (still alive? ready yet?) with the log's tail in every failure."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.env = env  # the whole environment of the child; None: this process's
         self.child: ChildProcess | None = None
 
     def start(self) -> ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.child = ChildProcess(self.argv, log_path=self.log_path, name=self.name)
+        self.child = ChildProcess(self.argv, env=self.env, log_path=self.log_path, name=self.name)
         return self
 
     def check_running(self) -> None:

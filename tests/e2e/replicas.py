@@ -20,6 +20,7 @@ from devstack.harness import server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from providers.config_values import duration_seconds
+from server.kube.leader import holder_name
 from tests.deploy.rendering import one, render, service_account_roles
 from tests.e2e.environment import E2EEnvironment, OurServer
 from tests.e2e.readiness_proxy import Endpoint, ReadinessProxy
@@ -110,8 +111,9 @@ class ReplicatedServer:
 
     # ------------------------------------------------------------------ leadership
     def holder(self) -> str:
+        """The holder's identity (without the suffix each process adds)."""
         lease = client.CoordinationV1Api(self.api).read_namespaced_lease(self.lease_name, NAMESPACE)
-        return str(lease.spec.holder_identity or "")
+        return holder_name(str(lease.spec.holder_identity or ""))
 
     def leader(self) -> OurServer:
         """The replica the proxy routes to now (the Ready one)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.environment import Layout, StartEnvironment, measure, measure_removal, with_kubernetes
+from tests.e2e.environment import E2EEnvironment, Layout, StartEnvironment, measure, measure_removal, with_kubernetes
 from tests.e2e.report import event_listing, publish, record_timing
 
 SCW_POOL = "k8s.scaleway.com/pool-name"
@@ -24,10 +24,9 @@ def smoke_layout() -> Layout:
     )  # fmt: skip
 
 
-@pytest.mark.timeout(300)
-def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_environment: StartEnvironment) -> None:
-    # Our server writes Kubernetes Events too (kubernetes.events): they are listed at the end.
-    env = start_environment(smoke_layout(), serve=with_kubernetes({"events": {"enabled": True}}))
+def scale_up_then_remove_the_empty_node(env: E2EEnvironment, label: str) -> dict[str, Any]:
+    """On ``smoke_layout``: a pending pod makes the CA grow the Scaleway pool by one machine, the pod runs
+    there; once the pod is gone the CA removes that node through NodeGroupDeleteNodes. The machine."""
     group = env.group_id("scaleway", "general")
     (first,) = env.scaleway_nodes("general")
     # The one machine is busy: a pod pinned to it takes 2 of its 3 allocatable CPUs.
@@ -36,7 +35,7 @@ def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_env
 
     created = env.create_pod("app", cpu="2", node_selector={SCW_POOL: "general"})
     pod = env.wait_pod_running("app", 120)
-    timing = measure(env, "smoke: scale-up (Scaleway, pending pod)", "app", created, "scaleway")
+    timing = measure(env, f"{label}: scale-up (Scaleway, pending pod)", "app", created, "scaleway")
     record_timing(timing)
 
     # The cloud: one resize to 2, two machines running, the new one is where the pod runs.
@@ -57,7 +56,7 @@ def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_env
     # Scale-down: the new node is empty once the pod goes, the CA removes it through NodeGroupDeleteNodes.
     emptied = env.delete_pod_at("app")
     env.wait_for(lambda: new["name"] not in env.nodes(), 120, f"node {new['name']} removed")
-    record_timing(measure_removal(env, "smoke: scale-down (Scaleway, emptied node)", {new["name"]}, emptied))
+    record_timing(measure_removal(env, f"{label}: scale-down (Scaleway, emptied node)", {new["name"]}, emptied))
     deletes = env.cloud_requests("scaleway", "delete_node", since=emptied)
     assert [r.path.rsplit("/", 1)[-1] for r in deletes] == [new["id"]], deletes
     assert env.ca.log.matching(rf'^Scale-down: removing empty node "{new["name"]}"', since=emptied)
@@ -67,6 +66,14 @@ def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_env
     assert env.pod("filler").spec.node_name == first["name"]
     assert not env.events("ScaleDownFailed")
     assert not env.ca.log.provider_errors(), env.ca.log.provider_errors()
+    return new
+
+
+@pytest.mark.timeout(300)
+def test_pending_pod_scales_scaleway_up_then_the_empty_node_is_removed(start_environment: StartEnvironment) -> None:
+    # Our server writes Kubernetes Events too (kubernetes.events): they are listed at the end.
+    env = start_environment(smoke_layout(), serve=with_kubernetes({"events": {"enabled": True}}))
+    new = scale_up_then_remove_the_empty_node(env, "smoke")
 
     # Our server's Events: the scale-up and the node deletion, on its status ConfigMap.
     def scaled_up_and_deleted() -> list[Any]:

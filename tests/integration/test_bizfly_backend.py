@@ -395,7 +395,9 @@ def test_a_pool_at_zero_has_a_template_and_scales_back_up(make: Any) -> None:
     sim, backend = make(scenario(pool(min_size=0, desired_size=1)))
     sync(backend)
     real = k8s_node(sim, pool_nodes(sim)[0]["id"])
-    backend.observe_node(POOL, {**real.labels, "kubernetes.io/hostname": real.name, "custom/team": "payments"})
+    nfd = "feature.node.kubernetes.io/cpu-model.vendor_id"
+    by_hand = {"custom/team": "payments", "maintenance": "true"}
+    backend.observe_node(POOL, {**real.labels, "kubernetes.io/hostname": real.name, nfd: "Intel", **by_hand})
     backend.delete_nodes(POOL, [real], soon())
     sim.advance(60)
     sync(backend)
@@ -403,7 +405,8 @@ def test_a_pool_at_zero_has_a_template_and_scales_back_up(make: Any) -> None:
     template = backend.template(POOL)
     assert template is not None
     assert template.capacity["cpu"] == "2" and template.capacity["memory"] == "4096Mi"
-    assert template.labels["custom/team"] == "payments"  # kept from the node the pool had
+    assert template.labels[nfd] == "Intel"  # kept from the node the pool had: its machine type's
+    assert not by_hand.keys() & template.labels.keys()  # put on that one node: never the group's
     assert "kubernetes.io/hostname" not in template.labels
     assert "bke.bizflycloud.vn/node-id" not in template.labels
     assert template.labels["bke.bizflycloud.vn/pool-name"] == "general"

@@ -181,7 +181,7 @@ def test_a_size_change_is_visible_in_the_next_native_answer(stack: Stack) -> Non
 def test_labels_reach_python_once_per_snapshot_then_lookups_stay_native(stack: Stack) -> None:
     assert stack.scaleway is not None
     pid = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL))[0]
-    request = pb.NodeGroupForNodeRequest(node=node(pid, {"team": "web"}))
+    request = pb.NodeGroupForNodeRequest(node=node(pid, {"topology.kubernetes.io/zone": "fr-par-1"}))
     backend = stack.backend("scw")
 
     def lookup() -> int:
@@ -190,7 +190,7 @@ def test_labels_reach_python_once_per_snapshot_then_lookups_stay_native(stack: S
         return native_counts(stack).get("NodeGroupForNode", 0) - before
 
     assert lookup() == 0, "the first labelled lookup of a snapshot goes to Python"
-    assert backend._observed_labels[GENERAL] == {"team": "web"}
+    assert backend._observed_labels[GENERAL] == {"topology.kubernetes.io/zone": "fr-par-1"}
     assert lookup() == 1, "then the front answers"
     stack.advance(1)  # a new snapshot: its labels are recorded anew
     assert lookup() == 0

@@ -35,6 +35,8 @@ def worked(tmp_path_factory):
     (a 429 and a 503), one failed sync and a size write the cloud refused with 503; its /metrics, its
     log (at debug), `status`, and the statuses the simulated cloud answered."""
     stream = io.StringIO()
+    root = logging.getLogger()
+    level, urllib3_level = root.level, logging.getLogger("urllib3").level
     handler = configure_logging("json", "debug", stream=stream)
     try:
         with running_stack(tmp_path_factory.mktemp("ops"), scaleway=SCENARIO) as stack:
@@ -71,7 +73,10 @@ def worked(tmp_path_factory):
             )
             yield metrics, stream.getvalue(), status, statuses
     finally:
-        logging.getLogger().removeHandler(handler)
+        # Root left at debug would make every later in-process native server hand all calls to Python.
+        root.removeHandler(handler)
+        root.setLevel(level)
+        logging.getLogger("urllib3").setLevel(urllib3_level)
 
 
 def samples(metrics: str, family: str) -> list[str]:

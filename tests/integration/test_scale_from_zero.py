@@ -108,3 +108,56 @@ def test_bizfly_pool_scales_from_zero(tmp_path, auth_method):
         walk(stack, BZ_POOL, {"workload": "batch"}, set(), provider_ids, settle=300)
         patches = [r.body for r in stack.bizfly.requests.all() if r.method == "PATCH"]
         assert patches == [{"desired_size": 1}]
+
+
+HAND_POOL = "cccccccc-0000-4000-8000-000000000002"
+HAND_SCENARIO = {
+    "clusters": [
+        {
+            "id": "11111111-2222-4333-8444-888888888888",
+            "name": "by-hand",
+            "pools": [
+                {
+                    "id": HAND_POOL,
+                    "name": "web",
+                    "node_type": "POP2-4C-16G",
+                    "size": 1,
+                    "min_size": 0,
+                    "max_size": 3,
+                    "labels": {"workload": "web"},
+                }
+            ],
+        }
+    ],
+}
+NFD_LABEL = ("feature.node.kubernetes.io/cpu-model.vendor_id", "AMD")  # the machine type's: kept
+
+
+def test_a_label_put_by_hand_on_a_node_the_ca_asked_about_is_not_served_for_the_group_at_zero(tmp_path):
+    # Issue 26, item 6, on the cloud's template: the labels of a node the CA shows in NodeGroupForNode
+    # fill in the template, and one an operator put on that node for a while (maintenance=true) was
+    # served for the group at zero long after the node was gone, with source "cloud". The same rule as
+    # learned templates now: the stable list plus kubernetes.learned_templates.labels.
+    extra = {"kubernetes": {"learned_templates": {"labels": ["example.com/team"]}}}
+    with running_stack(tmp_path, scaleway=HAND_SCENARIO, server_extra=extra) as stack:
+        [ref] = stack.scaleway.node_refs()
+        labels = {
+            **ref["labels"],
+            "maintenance": "true",
+            "example.com/disk-replacement": "2026-12",
+            NFD_LABEL[0]: NFD_LABEL[1],
+            "example.com/team": "payments",  # named in the config
+        }
+        node = pb.ExternalGrpcNode(providerID=ref["provider_id"], name=ref["name"], labels=labels)
+        assert stack.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=5).nodeGroup.id == HAND_POOL
+        stack.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id=HAND_POOL, nodes=[node]), timeout=10)
+        stack.advance(120)
+        assert stack.target(HAND_POOL) == 0 and stack.instances(HAND_POOL) == []
+
+        answer = stack.stub.NodeGroupTemplateNodeInfo(pb.NodeGroupTemplateNodeInfoRequest(id=HAND_POOL), timeout=5)
+        served = dict(k8s.Node.FromString(answer.nodeBytes).metadata.labels)
+        assert "maintenance" not in served and "example.com/disk-replacement" not in served
+        assert served[NFD_LABEL[0]] == NFD_LABEL[1]
+        assert served["example.com/team"] == "payments"
+        assert served["workload"] == "web"  # the pool's own, from the cloud
+        assert "template=cloud" in stack.groups()[HAND_POOL].debug

@@ -127,12 +127,15 @@ def test_bizfly_pool_at_zero_gets_a_template_from_its_flavor(stack):
     assert node.metadata.labels["node.kubernetes.io/instance-type"] == "nix.8c_16g"
 
 
-def test_labels_seen_on_real_nodes_are_kept_for_the_template(stack):
+def test_labels_of_real_nodes_that_describe_their_group_are_kept_for_the_template(stack):
     refs = general_node_refs(stack)
-    labels = dict(refs[0]["labels"], **{"example.com/rack": "r12"})
+    nfd = "feature.node.kubernetes.io/cpu-model.vendor_id"
+    labels = dict(refs[0]["labels"], **{nfd: "Intel", "example.com/rack": "r12"})
     node = pb.ExternalGrpcNode(providerID=refs[0]["provider_id"], name=refs[0]["name"], labels=labels)
     stack.stub.NodeGroupForNode(pb.NodeGroupForNodeRequest(node=node), timeout=5)
-    assert template(stack, GENERAL_BZ).metadata.labels["example.com/rack"] == "r12"
+    served = template(stack, GENERAL_BZ).metadata.labels
+    assert served[nfd] == "Intel"  # the machine type's
+    assert "example.com/rack" not in served  # one machine's, and not in kubernetes.learned_templates.labels
 
 
 def test_node_price_of_a_cloud_without_prices_is_unimplemented(stack):

@@ -21,6 +21,7 @@ from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
+from tests.support.connections import client_ports
 
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
 RPCS = {
@@ -201,3 +202,27 @@ def test_tls_off_loopback_serves_unauthenticated_clients_only_when_allowed_expli
         finally:
             server.stop()
     assert "allow_unauthenticated_clients" in server.output  # the start-up warning names the key
+
+
+def test_drop_connections_sends_clients_elsewhere_and_lets_open_calls_finish(tmp_path):
+    """What a replica that stops leading does (issue 26): every client connection gets GOAWAY, the call in
+    flight finishes within the grace, the channel reconnects by itself, and the port keeps listening."""
+    with running_stack(tmp_path, scaleway=demo_scenario()) as stack:
+        assert stack.scaleway is not None
+        group = next(iter(stack.groups()))
+        connected = client_ports(stack.server.port)
+        assert len(connected) == 1, connected
+        stack.scaleway.faults.add(Fault(route="*", method="PATCH", delay=1.5, times=1))
+        increase = stack.stub.NodeGroupIncreaseSize.future(
+            pb.NodeGroupIncreaseSizeRequest(id=group, delta=1), timeout=10
+        )
+        time.sleep(0.5)  # the size write is in flight
+        stack.server.engine.drop_connections(5.0)
+        increase.result(timeout=10)  # answered OK within the grace
+        deadline = time.monotonic() + 5
+        while client_ports(stack.server.port) & connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not client_ports(stack.server.port) & connected, "the old connection is still open"
+        assert stack.target(group) >= 1  # the same channel, on a new connection
+        reconnected = client_ports(stack.server.port)
+        assert reconnected and not reconnected & connected, (connected, reconnected)

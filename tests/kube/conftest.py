@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
 from tests.e2e.conftest import resolve_programs
 from tests.e2e.control_plane import ControlPlane
@@ -18,7 +19,8 @@ from tests.e2e.control_plane import ControlPlane
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(resolve_programs().control_plane, tmp_path_factory.mktemp("kube"), scheduler=False).start()
+    workdir = tmp_path_factory.mktemp("kube")
+    plane = ControlPlane(resolve_programs().control_plane, workdir, scheduler=False, audit=True).start()
     try:
         yield plane
     finally:
@@ -45,3 +47,17 @@ def namespace(admin: client.ApiClient, request: pytest.FixtureRequest) -> str:
     core = client.CoreV1Api(admin)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     return name
+
+
+@pytest.fixture
+def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
+    """Names of the Nodes a test creates; Nodes are cluster-wide, so they are deleted after the test."""
+    created: list[str] = []
+    yield created
+    core = client.CoreV1Api(admin)
+    for name in created:
+        try:
+            core.delete_node(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise

@@ -21,6 +21,8 @@ from devstack.harness import ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
 from providers.bizfly.templates import build_template
+from providers.model import LearnedTemplate, NodeTemplate
+from server.kube.templates import encode_learned
 from simulators.bizfly import BizflySimulator, demo_scenario
 from simulators.common import ManualClock
 from tests.deploy.chart import CA_1_36_1, sidecar_roles
@@ -36,6 +38,10 @@ NODE_CAPACITY = {"cpu": "4", "memory": "8152100Ki", "pods": "110", "ephemeral-st
 NODE_ALLOCATABLE = {"cpu": "3800m", "memory": "7417380Ki", "pods": "110", "ephemeral-storage": "37926431477"}
 DAEMONSET_LABEL = ("feature.node.kubernetes.io/cpu-model.vendor_id", "Intel")  # added after join by a DaemonSet
 JOIN_TAINT = {"key": "storage.example.com/local-ssd", "value": "pending", "effect": "PreferNoSchedule"}
+# What an operator puts on one node for a while: never a property of its group.
+BY_HAND_LABEL = ("maintenance", "disk-replacement-2026-12")
+BY_HAND_TAINT = {"key": "maintenance.example.com/drain", "value": "true", "effect": "NoSchedule"}
+GONE = "5f959e0ac0b18944d0a4ffff"  # a pool the cloud no longer has
 TRANSIENT = [
     {"key": "DeletionCandidateOfClusterAutoscaler", "value": "1764780000", "effect": "PreferNoSchedule"},
     {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
@@ -53,20 +59,6 @@ def bizfly() -> Iterator[BizflySimulator]:
 
 
 @pytest.fixture
-def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
-    """Names of the Nodes a test creates; Nodes are cluster-wide, so they are deleted after the test."""
-    created: list[str] = []
-    yield created
-    core = client.CoreV1Api(admin)
-    for name in created:
-        try:
-            core.delete_node(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
-
-
-@pytest.fixture
 def server_user(control_plane: ControlPlane, admin: client.ApiClient, namespace: str) -> Path:
     """A kubeconfig of a user bound to the CA's Role and ClusterRole as the chart renders them with the
     sidecar values and the features file (the sidecar runs as the CA's service account)."""
@@ -76,14 +68,22 @@ def server_user(control_plane: ControlPlane, admin: client.ApiClient, namespace:
 
 
 def start_server(
-    sim: BizflySimulator, kubeconfig: Path, namespace: str, tmp: Path, **backend_extra: Any
+    sim: BizflySimulator,
+    kubeconfig: Path,
+    namespace: str,
+    tmp: Path,
+    learning: dict[str, Any] | None = None,
+    **backend_extra: Any,
 ) -> ServerProcess:
+    """Our server learning templates; ``learning`` adds keys to ``kubernetes.learned_templates``. By default
+    it also learns the taint a DaemonSet adds at join (JOIN_TAINT), as an operator would configure it."""
+    learning = {"taints": ["storage.example.com/"]} if learning is None else learning
     raw = server_config(
         [bizfly_backend(sim, **backend_extra)],
         kubernetes={
             "kubeconfig": str(kubeconfig),
             "namespace": namespace,
-            "learned_templates": {"enabled": True, "min_write_interval": "200ms"},
+            "learned_templates": {"enabled": True, "min_write_interval": "200ms", **learning},
         },
     )
     return ServerProcess(raw, workdir=tmp)
@@ -126,20 +126,36 @@ def make_node(
 
 
 def machine_node(
-    admin: client.ApiClient, created: list[str], ref: dict[str, Any], ready: bool = True, flavor: str = "nix.4c_8g"
+    admin: client.ApiClient,
+    created: list[str],
+    ref: dict[str, Any],
+    ready: bool = True,
+    flavor: str = "nix.4c_8g",
+    by_hand: bool = False,
 ) -> str:
     """The Node of a Bizfly machine: its identity labels, a DaemonSet's label, the pool's taint and one
-    added at join, and taints that must not be learned."""
+    added at join, and taints that must not be learned; ``by_hand`` adds the label and taint an operator
+    put on this one node (BY_HAND_LABEL, BY_HAND_TAINT)."""
     labels = {
         **ref["labels"],
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
         "node.kubernetes.io/instance-type": flavor,
         DAEMONSET_LABEL[0]: DAEMONSET_LABEL[1],
+        **(dict([BY_HAND_LABEL]) if by_hand else {}),
     }
     taints = [{"key": "dedicated", "value": "compute", "effect": "NoSchedule"}, JOIN_TAINT, *TRANSIENT]
+    taints += [BY_HAND_TAINT] if by_hand else []
     make_node(admin, created, ref["name"], ref["provider_id"], labels, taints, ready)
     return str(ref["name"])
+
+
+def scale_to_zero(server: ServerProcess, sim: BizflySimulator, admin: client.ApiClient, ref: dict[str, Any]) -> None:
+    """Remove the group's one node the way the CA does: DeleteNodes, the machine goes, its Node goes."""
+    node = pb.ExternalGrpcNode(providerID=ref["provider_id"], name=ref["name"])
+    server.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id=ref["pool_id"], nodes=[node]), timeout=10)
+    sim.advance(600)
+    client.CoreV1Api(admin).delete_node(ref["name"])
 
 
 def stored(admin: client.ApiClient, namespace: str) -> dict[str, dict[str, Any]]:
@@ -189,13 +205,10 @@ def test_a_group_scaled_to_zero_keeps_its_last_nodes_template_across_a_restart(
         assert "kubernetes.io/hostname" not in record["labels"]
         assert "bke.bizflycloud.vn/node-id" not in record["labels"]
         assert record["labels"][DAEMONSET_LABEL[0]] == DAEMONSET_LABEL[1]
-        assert {t["key"] for t in record["taints"]} == {"dedicated", JOIN_TAINT["key"]}
+        # The pool's own taint ("dedicated") is not recorded: it comes from the cloud when served.
+        assert {t["key"] for t in record["taints"]} == {JOIN_TAINT["key"]}
 
-        # Scale the group to zero the way the CA does: DeleteNodes, the machine goes, its Node goes.
-        node = pb.ExternalGrpcNode(providerID=ref["provider_id"], name=name)
-        server.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id=COMPUTE, nodes=[node]), timeout=10)
-        bizfly.advance(600)
-        client.CoreV1Api(admin).delete_node(name)
+        scale_to_zero(server, bizfly, admin, ref)
         server.restart()
 
         wait_for(
@@ -253,5 +266,81 @@ def test_a_node_that_is_not_ready_or_of_no_group_teaches_nothing(
         assert set(stored(admin, namespace)) == {GENERAL}
         assert "template=cloud" in debug_of(server, COMPUTE)
         assert quantities(template_of(server, COMPUTE).status.allocatable) == flavor_allocatable(bizfly, COMPUTE)
+    finally:
+        server.stop()
+
+
+def served_labels_and_taints(server: ServerProcess, group: str) -> tuple[dict[str, str], set[tuple[str, str, str]]]:
+    template = template_of(server, group)
+    return dict(template.metadata.labels), {(t.key, t.value, t.effect) for t in template.spec.taints}
+
+
+def test_a_label_or_taint_put_by_hand_on_the_last_node_is_not_served_for_the_group_at_zero(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    # Issue 26, item 6: the maintenance label and taint of the teacher node were learned and served for the
+    # group at zero for good (source "learned"). No learning keys: the defaults alone keep them out.
+    server = start_server(bizfly, server_user, namespace, tmp_path, learning={})
+    try:
+        ref = machine(bizfly, COMPUTE)
+        machine_node(admin, nodes, ref, by_hand=True)
+        record = wait_for("the ConfigMap to hold the compute pool", lambda: stored(admin, namespace).get(COMPUTE))
+        scale_to_zero(server, bizfly, admin, ref)
+        wait_for("the learned template in use", lambda: "learned" in debug_of(server, COMPUTE))
+        labels, taints = served_labels_and_taints(server, COMPUTE)
+        assert BY_HAND_LABEL[0] not in labels and BY_HAND_LABEL[0] not in record["labels"]
+        assert BY_HAND_TAINT["key"] not in {key for key, _, _ in taints}
+        assert BY_HAND_TAINT["key"] not in {t["key"] for t in record["taints"]}
+        # What every node of a group has is still learned (node-feature-discovery's label); the pool's taint
+        # comes from the cloud; a taint added at join is learned only once configured (the first test).
+        assert labels[DAEMONSET_LABEL[0]] == DAEMONSET_LABEL[1]
+        assert taints == {("dedicated", "compute", "NoSchedule")}
+    finally:
+        server.stop()
+
+
+def test_the_pools_labels_and_taints_changed_while_at_zero_are_served_over_the_learned_ones(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    # Issue 26, item 6: the learned template replaced the cloud's whole, so a pool's labels and taints
+    # edited while the group was at zero were never served.
+    sync = {"interval": "1s", "min_interval": "200ms"}
+    server = start_server(bizfly, server_user, namespace, tmp_path, learning={}, sync=sync)
+    try:
+        ref = machine(bizfly, COMPUTE)
+        name = machine_node(admin, nodes, ref)
+        wait_for("the ConfigMap to hold the compute pool", lambda: stored(admin, namespace).get(COMPUTE))
+        scale_to_zero(server, bizfly, admin, ref)
+        new_taint = {"key": "dedicated", "value": "compute-v2", "effect": "NoExecute"}
+        bizfly.set_pool_labels_and_taints(COMPUTE, {"workload": "compute-v2", "tier": "gold"}, [new_taint])
+        wait_for(
+            "the pool's new labels served",
+            lambda: served_labels_and_taints(server, COMPUTE)[0].get("workload") == "compute-v2",
+        )
+        labels, taints = served_labels_and_taints(server, COMPUTE)
+        assert labels["tier"] == "gold" and labels[DAEMONSET_LABEL[0]] == DAEMONSET_LABEL[1]
+        assert taints == {tuple(new_taint.values())}  # the old value of the pool's taint is gone
+        assert quantities(template_of(server, COMPUTE).status.allocatable) == NODE_ALLOCATABLE  # still learned
+        assert f"template=learned from node {name} at" in debug_of(server, COMPUTE)
+    finally:
+        server.stop()
+
+
+def test_the_record_of_a_node_group_the_cloud_no_longer_lists_is_deleted(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    # Issue 26, item 9: records were never pruned; a deleted pool's record stayed in the ConfigMap for good.
+    old = encode_learned(
+        LearnedTemplate(NodeTemplate({}, (), NODE_CAPACITY, NODE_ALLOCATABLE), "old-node", "2026-01-01T00:00:00Z")
+    )
+    body = {"metadata": {"name": CONFIGMAP}, "data": {GONE: old}}
+    client.CoreV1Api(admin).create_namespaced_config_map(namespace, body)
+    learning = {"taints": ["storage.example.com/"], "forget_after": "1s"}
+    server = start_server(bizfly, server_user, namespace, tmp_path, learning, sync={"interval": "1s"})
+    try:
+        machine_node(admin, nodes, machine(bizfly, COMPUTE))
+        wait_for("the compute pool stored", lambda: COMPUTE in stored(admin, namespace))
+        wait_for("the deleted pool's record gone", lambda: GONE not in stored(admin, namespace))
+        assert set(stored(admin, namespace)) == {COMPUTE}
     finally:
         server.stop()

@@ -12,6 +12,7 @@ tests/deploy/test_rbac.py checks on the rendered files that these rights are no 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import re
@@ -29,8 +30,10 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from devstack.clouds import scaleway_backend
+from devstack.container import ContainerServer
 from devstack.harness import ServerProcess, server_config
 from protos import externalgrpc_pb2 as pb
+from server.kube.leader import holder_name
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
 from tests.deploy.chart import CA_1_36_1, SIDECAR_VALUES, helm_template, sidecar_roles
@@ -112,10 +115,82 @@ def configmap(admin: client.ApiClient, namespace: str, name: str) -> dict[str, s
         raise
 
 
-def start_server(cloud: ScalewaySimulator, tmp: Path, kubernetes: dict[str, Any], name: str = "ours") -> ServerProcess:
+def start_server(
+    cloud: ScalewaySimulator,
+    tmp: Path,
+    kubernetes: dict[str, Any],
+    name: str = "ours",
+    env: dict[str, str] | None = None,
+    image: str | None = None,
+) -> ServerProcess:
+    """A child process, or with ``image`` that container image run as the manifests run it."""
     # Listings only after a write, so the journal's read-back and its clearing follow the write at once.
     backend = scaleway_backend(cloud, name=BACKEND, sync={"interval": "60s"})
-    return ServerProcess(server_config([backend], kubernetes=kubernetes), workdir=tmp, name=name)
+    config = server_config([backend], kubernetes=kubernetes)
+    if image is None:
+        return ServerProcess(config, env=env, workdir=tmp, name=name)
+    # The image's user reads the kubeconfig as a pod reads its mounted Secret: one file, credentials inline.
+    mounted = tmp / f"{name}-kubeconfig"
+    mounted.mkdir()
+    kubernetes = {**kubernetes, "kubeconfig": str(inline_kubeconfig(Path(kubernetes["kubeconfig"]), mounted))}
+    config = server_config([backend], kubernetes=kubernetes)
+    volume = f"--volume={mounted}:{mounted}:ro"
+    return ContainerServer(image, config, env or {}, tmp, name=name, extra_args=[volume])
+
+
+def inline_kubeconfig(path: Path, directory: Path) -> Path:
+    """``path``'s kubeconfig with its certificate and key files inlined, written readable to any user."""
+    kubeconfig = yaml.safe_load(path.read_text())
+    for section, key in (("clusters", "cluster"), ("users", "user")):
+        for entry in kubeconfig[section]:
+            fields = entry[key]
+            for name in ("certificate-authority", "client-certificate", "client-key"):
+                if name in fields:
+                    fields[f"{name}-data"] = base64.b64encode(Path(fields.pop(name)).read_bytes()).decode()
+    inlined = directory / "kubeconfig"
+    inlined.write_text(yaml.safe_dump(kubeconfig, sort_keys=False))
+    directory.chmod(0o755)
+    inlined.chmod(0o644)  # a test user's key: the image runs as UID 65532, not as this test's root
+    return inlined
+
+
+def start_server_mtls_replica(
+    control_plane: ControlPlane,
+    admin: client.ApiClient,
+    namespace: str,
+    cloud: ScalewaySimulator,
+    tmp: Path,
+    env: dict[str, str] | None = None,
+    image: str | None = None,
+) -> tuple[ServerProcess, str]:
+    """Our server as server-mtls ships it, its four features on, as a user bound to exactly the roles its
+    kustomization gives its ServiceAccount (in the container ``image`` when given); and its Lease's name."""
+    docs = render("server-mtls")
+    user = f"mtls-{uuid.uuid4().hex[:8]}"
+    bind_user(admin, namespace, user, *service_account_roles(docs, SERVER_ACCOUNT))
+    shipped = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])["kubernetes"]
+    kubernetes = {
+        **shipped,
+        "kubeconfig": str(control_plane.user_kubeconfig(user)),
+        "namespace": namespace,
+        "identity": "replica-a",
+        # The shipped names and lease timings; only the write intervals are shortened for the test.
+        "learned_templates": {**shipped["learned_templates"], "min_write_interval": "200ms"},
+        "events": {**shipped["events"], "status_interval": "1s"},
+    }
+    server = start_server(cloud, tmp, kubernetes, name="replica-a", env=env, image=image)
+    return server, str(shipped["leader_election"]["lease_name"])
+
+
+def lease_holder(admin: client.ApiClient, namespace: str, lease: str) -> str:
+    """The identity part of the Lease's holder ("" when it has none or does not exist)."""
+    try:
+        found = client.CoordinationV1Api(admin).read_namespaced_lease(lease, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return ""
+        raise
+    return holder_name(str(found.spec.holder_identity or ""))
 
 
 def register_a_node(admin: client.ApiClient, cloud: ScalewaySimulator, created: list[str]) -> str:
@@ -131,16 +206,6 @@ def register_a_node(admin: client.ApiClient, cloud: ScalewaySimulator, created: 
     status = {"capacity": {**ALLOCATABLE, "cpu": "3"}, "allocatable": ALLOCATABLE, "conditions": [ready]}
     core.patch_node_status(ref["name"], {"status": status})
     return str(ref["name"])
-
-
-@pytest.fixture
-def nodes(admin: client.ApiClient) -> Iterator[list[str]]:
-    """Nodes are cluster-wide: the ones a test creates are deleted after it."""
-    created: list[str] = []
-    yield created
-    for name in created:
-        with contextlib.suppress(ApiException):
-            client.CoreV1Api(admin).delete_node(name)
 
 
 def scale_up_and_see_every_feature_work(
@@ -244,35 +309,11 @@ def test_server_mtls_runs_its_four_features_with_its_service_accounts_roles(
     nodes: list[str],
     tmp_path: Path,
 ) -> None:
-    docs = render("server-mtls")
-    user = f"mtls-{uuid.uuid4().hex[:8]}"
-    bind_user(admin, namespace, user, *service_account_roles(docs, SERVER_ACCOUNT))
-    shipped = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])["kubernetes"]
-    kubernetes = {
-        **shipped,
-        "kubeconfig": str(control_plane.user_kubeconfig(user)),
-        "namespace": namespace,
-        "identity": "replica-a",
-        # The shipped names and lease timings; only the write intervals are shortened for the test.
-        "learned_templates": {**shipped["learned_templates"], "min_write_interval": "200ms"},
-        "events": {**shipped["events"], "status_interval": "1s"},
-    }
-    server = start_server(cloud, tmp_path, kubernetes, name="replica-a")
+    server, lease = start_server_mtls_replica(control_plane, admin, namespace, cloud, tmp_path)
     try:
-        lease = shipped["leader_election"]["lease_name"]
-
-        def holder() -> str:
-            try:
-                found = client.CoordinationV1Api(admin).read_namespaced_lease(lease, namespace)
-            except ApiException as err:
-                if err.status == 404:
-                    return ""
-                raise
-            return str(found.spec.holder_identity or "")
-
-        assert wait_for("the Lease held", lambda: holder() == "replica-a")
+        assert wait_for("the Lease held", lambda: lease_holder(admin, namespace, lease) == "replica-a")
         wait_for("leader and Ready", lambda: server.http_get("/readyz")[0] == 200)
         scale_up_and_see_every_feature_work(server, cloud, admin, namespace, nodes)
-        assert holder() == "replica-a"
+        assert lease_holder(admin, namespace, lease) == "replica-a"
     finally:
         server.stop()

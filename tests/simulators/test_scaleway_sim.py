@@ -881,3 +881,14 @@ def test_node_refs_list_registered_nodes_with_pool_labels(
     assert len(sim.node_refs(registered_only=False)) == 3
     over_http = http.get(f"{sim.url}/_sim/clusters/{sim.cluster_id}/node_refs").json()
     assert [r["provider_id"] for r in over_http] == [r["provider_id"] for r in refs]
+
+
+def test_a_pool_without_default_labels_has_only_its_own(sim: ScalewaySimulator, api: Api) -> None:
+    """Which labels Kapsule puts into a pool's ``labels`` is not known: the well-known ones can be left out."""
+    bare = sim.add_pool("bare", node_type="DEV1-M", size=1, max_size=2, labels={"team": "a"}, default_labels=False)
+    plain = sim.add_pool("plain", node_type="DEV1-M", size=0, max_size=2, labels={"team": "b"})
+    assert api.pool(bare.id)["labels"] == {"team": "a"}
+    assert api.pool(plain.id)["labels"]["team"] == "b"
+    assert api.pool(plain.id)["labels"]["node.kubernetes.io/instance-type"] == "DEV1-M"
+    [ref] = [r for r in sim.node_refs() if r["pool_id"] == bare.id]
+    assert ref["labels"] == {"team": "a", "kubernetes.io/hostname": ref["name"]}

@@ -11,11 +11,14 @@ from server.cli import build_parser
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:
-    root = build_parser()
-    found = {"ca-externalgrpc": root, "python -m devstack": demo_parser()}
-    for action in root._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            found.update({f"ca-externalgrpc {name}": sub for name, sub in action.choices.items()})
+    found = {"python -m devstack": demo_parser()}
+    pending = [("ca-externalgrpc", build_parser())]
+    while pending:  # commands and their sub-commands (config from-in-tree)
+        name, parser = pending.pop()
+        found[name] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending += [(f"{name} {sub_name}", sub) for sub_name, sub in action.choices.items()]
     return found
 
 
@@ -36,4 +39,9 @@ def test_every_flag_has_help_and_its_default_shows(name: str) -> None:
 
 def test_the_production_cli_has_no_demo_command() -> None:
     assert "ca-externalgrpc demo" not in PARSERS
-    assert {"ca-externalgrpc serve", "ca-externalgrpc validate", "ca-externalgrpc status"} <= set(PARSERS)
+    assert {
+        "ca-externalgrpc serve",
+        "ca-externalgrpc validate",
+        "ca-externalgrpc config from-in-tree",
+        "ca-externalgrpc status",
+    } <= set(PARSERS)

@@ -14,6 +14,7 @@ from providers.config_errors import ConfigError
 from providers.config_values import format_duration, parse_go_duration, validate_cloud_settings
 from server.cloud_config import check_cloud_config
 from server.config import CLOUD_MODELS, parse, validate
+from server.http_server import HttpLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "9c1d7a52-3b4e-4f60-8a71-2d3c4b5a6f70"
@@ -62,7 +63,18 @@ def run_cli(*args, env=None):
         (config(tls={"cert": "/nonexistent.crt"}), "tls.key"),
         (config(log={"format": "xml"}), "log.format"),
         (config(max_workers=0), "max_workers"),
+        (config(http={"max_connections": 2}), "http.max_connections"),
+        (config(http={"max_connections": "many"}), "http.max_connections"),
+        (config(http={"request_timeout": 5}), "http.request_timeout"),
+        (config(http={"request_timeout": "10m"}), "http.request_timeout"),
+        (config(http={"idle_timeout": "0s"}), "http.idle_timeout"),
+        (config(http={"keepalive": "30s"}), "http.keepalive"),
         (config(serving={"engine": "rust"}), "serving.engine"),
+        (config(serving={"max_connections": 0}), "serving.max_connections"),
+        (config(serving={"max_header_list_size": "16KiB"}), "serving.max_header_list_size"),
+        (config(serving={"keepalive_time": 60}), "serving.keepalive_time"),
+        (config(serving={"handshake_timeout": "0s"}), "serving.handshake_timeout"),
+        (config(serving={"request_buffer": 1024}), "serving.request_buffer"),
         (config(unknown_key=1), "unknown_key"),
         (config(shutdown_grace=15), "shutdown_grace"),
         ({"backends": [{"type": "aws"}]}, "backends[0].type"),
@@ -82,6 +94,9 @@ def run_cli(*args, env=None):
             "backends[0].sync.max_staleness",
         ),
         ({"backends": [{**scaleway(), "sync": {"follow_refresh": "sometimes"}}]}, "backends[0].sync.follow_refresh"),
+        (config(kubernetes={"learned_templates": {"labels": ["Not A Key"]}}), "kubernetes.learned_templates.labels"),
+        (config(kubernetes={"learned_templates": {"taints": "maintenance"}}), "kubernetes.learned_templates.taints"),
+        (config(kubernetes={"learned_templates": {"forget_after": 60}}), "kubernetes.learned_templates.forget_after"),
     ],
 )
 def test_a_bad_value_names_its_key_and_a_fix(raw, key):
@@ -91,6 +106,13 @@ def test_a_bad_value_names_its_key_and_a_fix(raw, key):
     assert all(problem.fix for problem in info.value.problems)
     assert "Fix:" in str(info.value)
     assert SECRET not in str(info.value)
+
+
+def test_the_http_keys_become_the_probe_port_limits():
+    limits = parse(config(http={"max_connections": 8, "request_timeout": "1.5s", "idle_timeout": "1m"}), env={})
+    assert (limits.http.limits.max_connections, limits.http.limits.request_timeout) == (8, 1.5)
+    assert limits.http.limits.idle_timeout == 60.0
+    assert parse(config(), env={}).http.limits == HttpLimits()
 
 
 def test_every_mistake_is_reported_in_one_run():
@@ -214,6 +236,40 @@ def test_every_duration_key_takes_the_same_syntax():
     assert backend.sync.follow_refresh is True  # the default: the CA's Refresh starts each listing
     options = backend.groups["g"].options
     assert options is not None and options.scale_down_unneeded_time == 5400
+
+
+def test_the_grpc_port_limits_are_read_and_zero_turns_the_timers_off():
+    parsed = parse(
+        config(
+            serving={
+                "max_connections": 50,
+                "keepalive_time": "0s",
+                "idle_timeout": "0",
+                "handshake_timeout": "2s",
+                "min_ping_interval": "1m",
+            }
+        ),
+        env={},
+    )
+    from server.native_front import front_limits
+
+    limits = front_limits(parsed.serving)
+    assert limits["max_connections"] == 50 and limits["handshake_timeout"] == 2 and limits["min_ping_interval"] == 60
+    assert limits["keepalive_time"] is None and limits["idle_timeout"] is None, "0: never"
+    defaults = front_limits(parse(config(), env={}).serving)
+    assert (defaults["keepalive_time"], defaults["idle_timeout"], defaults["max_header_list_size"]) == (60, 300, 16384)
+
+
+def test_the_grpcio_engine_gets_the_same_limits_as_channel_arguments():
+    from server.grpcio_engine import channel_options
+
+    options = dict(
+        channel_options(parse(config(serving={"max_concurrent_streams": 7, "idle_timeout": "0s"}), env={}).serving)
+    )
+    assert options["grpc.max_concurrent_streams"] == 7
+    assert options["grpc.absolute_max_metadata_size"] == options["grpc.max_metadata_size"] == 16384
+    assert options["grpc.keepalive_time_ms"] == 60_000 and options["grpc.http2.ping_timeout_ms"] == 20_000
+    assert "grpc.max_connection_idle_ms" not in options, "0s: never"
 
 
 def test_follow_refresh_can_be_turned_off():
@@ -443,3 +499,27 @@ def test_the_operations_guide_example_validates():
     block = yaml_blocks(ROOT / "docs" / "operations.md", "## Server configuration reference")[0]
     parsed = parse(yaml.safe_load(block), env={"SCW_PAR_KEY": SECRET, "SCW_AMS_KEY": SECRET})
     assert [b.name for b in parsed.backends] == ["scw-par", "scw-ams"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "max_connections", "expected"),
+    [
+        ((300, 4096), 256, "soft 4096"),  # raised to the hard limit, as Go's runtime does
+        ((1024, 4096), 256, "soft 1024"),  # enough already: left alone
+        ((300, 400), 256, "serving.max_connections"),  # the hard limit cannot hold them: refused, naming the key
+    ],
+)
+def test_the_open_files_limit_is_raised_for_max_connections_or_the_key_refused(limits, max_connections, expected):
+    script = (
+        "import resource\n"
+        "from server.app import ensure_file_descriptors\n"
+        "from server.config import ConfigError\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, {limits})\n"
+        "try:\n"
+        f"    ensure_file_descriptors({max_connections})\n"
+        "    print('soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "except ConfigError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert expected in done.stdout, done.stdout + done.stderr

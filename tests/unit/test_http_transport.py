@@ -609,10 +609,11 @@ class Gate:
         self.open = True
         self.asked: list[str] = []
 
-    def __call__(self, what: str) -> None:
+    def __call__(self, what: str) -> float:
         self.asked.append(what)
         if not self.open:
             raise NotLeader(f"{what} not sent: this replica is not the leader")
+        return 5.0
 
 
 def test_a_closed_write_gate_stops_a_write_before_it_is_sent(server, sleeps):
@@ -653,6 +654,25 @@ def test_a_gate_closing_between_attempts_stops_the_retry_and_keeps_the_unknown_o
     with pytest.raises(CloudOutcomeUnknown, match="not the leader"):
         transport.request("DELETE", "/nodes/n1", endpoint="/nodes/{id}", deadline=deadline())
     assert len(server.seen) == 1, "the retry of the idempotent DELETE was stopped by the gate"
+
+
+def test_the_write_gate_is_asked_once_the_connection_is_ready_not_before(server, sleeps):
+    # A connection that never opens asks nothing: the gate's answer would be stale by the time a slow
+    # connect (or TLS handshake) ended, and a write gated before it could reach the cloud too late.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    gate = Gate()
+    refused = HttpTransport("testcloud", f"http://127.0.0.1:{port}", user_agent="t", sleep=sleeps.append)
+    refused.guard_writes(gate)
+    with pytest.raises(CloudUnavailable, match="connection refused"):
+        refused.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 2})
+    assert gate.asked == []
+    # Once connected, it is asked, and what it answers bounds the sending; a closed gate sends nothing.
+    transport = make(server, sleeps)
+    transport.guard_writes(gate)
+    transport.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 2})
+    assert gate.asked == ["PATCH /pools/{id}"] and len(server.seen) == 1
 
 
 # ---------------------------------------------------------------------- the wire: query, body, headers, redirects

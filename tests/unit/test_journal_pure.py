@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from server.kube.journal import UNCHANGED, BackendJournal, Entry, _network_reason, entry_key
+from providers.deadline import RESPONSE_MARGIN, Deadline
+from server.kube.journal import (
+    READ_SHARE,
+    RECORD_SHARE,
+    UNCHANGED,
+    BackendJournal,
+    Entry,
+    _age,
+    _api_date,
+    _network_reason,
+    _timed_out,
+    entry_key,
+)
 from server.logs import clear_registered_secrets, register_secret
 
 CONFIGMAP_KEY = re.compile(r"^[-._a-zA-Z0-9]{1,253}$")
@@ -31,6 +44,27 @@ def test_an_entry_survives_its_json_form_and_says_when_in_words() -> None:
     text = entry.to_json()
     assert Entry.from_json(text) == entry
     assert json.loads(text)["recorded_at"] == "2026-12-03T12:13:20Z"
+
+
+def test_an_entrys_age_is_the_api_servers_time_between_its_record_and_its_read() -> None:
+    read_at = _api_date({"Date": "Thu, 03 Dec 2026 12:15:20 GMT"})
+    assert read_at == 1796300120.0
+    entry = Entry("id1", "scw", "pool-1", "increase", 2, 4, "unknown", 1796000000.0, "replica-a", api_time=1796300000.0)
+    assert _age(entry, read_at) == 120.0  # the writer's own clock (since) plays no part
+    assert _age(replace(entry, api_time=None), read_at) == 0.0  # an older writer: taken as just recorded
+    assert _age(entry, None) == 0.0 and _api_date({}) is None and _api_date({"date": "garbage"}) is None
+    assert Entry.from_json(entry.to_json()).api_time == 1796300000.0
+
+
+def test_the_journal_calls_before_the_cloud_call_leave_it_its_share_of_the_deadline() -> None:
+    deadline = Deadline.after(5.0)
+    usable = 5.0 - RESPONSE_MARGIN
+    read_by = BackendJournal._budget(deadline, READ_SHARE) - time.monotonic()
+    assert usable / 3 - 0.05 < read_by <= usable / 3
+    # What is left after a read that took all its share: the record gets half, the cloud call the rest.
+    record_by = BackendJournal._budget(Deadline.after(5.0 - usable / 3), RECORD_SHARE) - time.monotonic()
+    assert usable / 3 - 0.05 < record_by <= usable / 3
+    assert BackendJournal._budget(Deadline.after(0.1), READ_SHARE) <= time.monotonic() + 0.001  # nothing left
 
 
 @pytest.mark.parametrize("text", ["not json", "{}", '{"id": "x"}', '{"id": 1, "base": "two"}'])
@@ -75,3 +109,17 @@ def test_the_reason_of_an_unknown_outcome_is_stored_with_secrets_masked() -> Non
         assert settle.change(replace(entry, id="id2").to_json()) is UNCHANGED
     finally:
         clear_registered_secrets()
+
+
+def test_a_read_timeout_from_the_client_reads_as_no_answer_in_time() -> None:
+    # The client's read timeout and our own wait share one budget; either may fire first, and both mean
+    # the API server did not answer in time (not that it could not be reached).
+    from urllib3.exceptions import ConnectTimeoutError, MaxRetryError, NewConnectionError, ReadTimeoutError
+
+    read = ReadTimeoutError(None, "/api", "Read timed out. (read timeout=1.5)")  # type: ignore[arg-type]
+    assert _timed_out(read)
+    assert _timed_out(MaxRetryError(None, "/api", ConnectTimeoutError("timed out")))  # type: ignore[arg-type]
+    assert _timed_out(TimeoutError("timed out"))
+    refused = NewConnectionError(None, "Failed to establish a new connection: [Errno 111] Connection refused")  # type: ignore[arg-type]
+    assert not _timed_out(MaxRetryError(None, "/api", refused))  # type: ignore[arg-type]
+    assert not _timed_out(OSError("Connection reset by peer"))

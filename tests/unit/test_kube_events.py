@@ -136,6 +136,16 @@ def test_a_refused_write_forgets_the_series_so_a_later_occurrence_starts_anew() 
     assert write_all(events, 1.0) == [("create", 1)]
 
 
+def test_a_replica_that_stops_leading_drops_only_what_it_has_not_written() -> None:
+    events = book(burst=1)
+    assert events.record(FAILURE, 0.0, 0.0) is not None
+    assert write_all(events, 0.0) == [("create", 1)]
+    events.record(FAILURE, 1.0, 1.0)
+    events.record(FAILURE, 2.0, 2.0)  # two repeats wait for the next token
+    assert events.drop_unwritten() == 2
+    assert events.drop_unwritten() == 0 and write_all(events, 60.0) == []
+
+
 # ------------------------------------------------------------------------------------ which outcomes
 def action(kind: str, error: Exception | None = None, **extra: object) -> ScaleAction:
     fields: dict[str, object] = {"delta": 2, "nodes": (), "target": 5, **extra}

@@ -8,7 +8,7 @@ import pytest
 from providers.config_errors import ConfigError
 from providers.errors import NotLeader
 from server.config import parse
-from server.kube.leader import Leadership
+from server.kube.leader import Leadership, holder_name, lease_identity
 from server.kube.settings import LeaderElectionConfig
 
 
@@ -66,12 +66,12 @@ def test_a_leader_stops_writing_at_its_renew_deadline_on_its_own_clock() -> None
     assert role.leading, "the elector has not stepped down yet; the clock alone stopped the writes"
 
 
-def test_a_renewal_extends_from_the_moment_it_started() -> None:
+def test_a_renewal_extends_from_the_moment_it_was_sent() -> None:
     clock = Clock()
     role = leadership(clock)
     role.acquired(clock.now)
     clock.now += 8
-    role.renewed(clock.now - 1)  # a renewal that started 1 s ago and just succeeded
+    role.renewed(clock.now - 1)  # a renewal sent 1 s ago that just succeeded
     clock.now += 8.5
     assert role.holds()
     clock.now += 0.5
@@ -86,6 +86,56 @@ def test_the_sync_of_an_ended_term_does_not_make_the_replica_serve() -> None:
     role.acquired(clock.now)
     assert not role.synced(old)
     assert not role.serving()
+
+
+def test_the_write_gate_answers_how_long_the_leader_may_still_write() -> None:
+    clock = Clock()
+    role = leadership(clock)
+    role.acquired(clock.now - 1)  # its write was sent 1 s ago
+    assert role.check_write("PATCH /pools/{pool_id}") == pytest.approx(9.0)
+    clock.now += 8.5
+    assert role.check_write("PATCH /pools/{pool_id}") == pytest.approx(0.5)
+
+
+def test_a_write_that_came_back_after_the_renew_deadline_starts_no_term() -> None:
+    clock = Clock()
+    role = leadership(clock)
+    assert role.acquired(clock.now - 10) is None  # sent 10 s ago: it allows no writing at all
+    assert not role.leading and role.term == 0
+    assert role.acquired(clock.now - 9) == 1
+
+
+def test_a_refusal_after_a_step_down_says_why() -> None:
+    clock = Clock()
+    role = leadership(clock)
+    role.synced(role.acquired(clock.now))
+    assert role.lost(reason="could not renew the Lease within renew_deadline (10s)")
+    with pytest.raises(NotLeader, match=r"not the leader .* not known yet \(it stopped leading: could not renew"):
+        role.check_mutation("NodeGroupIncreaseSize")
+    assert not role.lost(), "already a follower"
+
+
+def test_a_retired_replica_never_leads_again() -> None:
+    clock = Clock()
+    role = leadership(clock)
+    role.acquired(clock.now)
+    assert role.retire()
+    assert not role.holds()
+    assert role.acquired(clock.now) is None, "a renewal that lands after stop() must not make it a leader"
+    with pytest.raises(NotLeader, match="shutting down"):
+        role.check_write("PATCH /pools/{pool_id}")
+
+
+def test_a_holder_is_shown_by_its_identity_and_a_namesake_whole() -> None:
+    assert holder_name("pod-b_0a1b2c3d") == "pod-b"
+    assert holder_name("pod_b") == "pod_b" and holder_name("pod-b") == "pod-b"  # other writers' holders
+    assert lease_identity("pod-a") != lease_identity("pod-a")
+    role = leadership(Clock())
+    role.lease_identity = "pod-a_00000001"
+    role.observed("pod-b_0a1b2c3d")
+    assert role.readiness() == (False, "follower; leader is pod-b")
+    role.observed("pod-a_0a1b2c3d")  # another process with this replica's identity
+    assert role.readiness() == (False, "follower; leader is pod-a_0a1b2c3d")
 
 
 def _problems(election: dict[str, str]) -> list[str]:

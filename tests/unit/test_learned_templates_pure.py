@@ -7,60 +7,117 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from providers.backend import Backend
 from providers.deadline import Deadline
 from providers.model import CloudListing, GroupState, Instance, LearnedTemplate, NodeRef, NodeTemplate, Taint
 from server.config import TemplateOverride
-from server.kube.templates import BadRecord, decode_learned, encode_learned, template_from_node
+from server.kube.settings import LearnedTemplatesConfig
+from server.kube.templates import (
+    BadRecord,
+    LearningRules,
+    NodeFields,
+    decode_learned,
+    encode_learned,
+    fit_in_budget,
+    node_fields,
+    template_from_node,
+)
 
 NAME = "big-ke1m4ea3-node-1b7o259o"
 PHYSICAL = "380208a9-ad45-423d-bb1a-11df587fd280"
 
 
-def node(ready: str = "True", deleting: bool = False, **labels: str) -> client.V1Node:
-    return client.V1Node(
-        metadata=client.V1ObjectMeta(
-            name=NAME,
-            labels={
-                "kubernetes.io/hostname": NAME,
-                "bke.bizflycloud.vn/node-id": "37730edf",
-                "bke.bizflycloud.vn/pool-name": "big",
-                "node.kubernetes.io/instance-type": "nix.4c_16g",
-                "example.com/machine": PHYSICAL,  # names the machine by its server id: per node
-                **labels,
+def node(ready: str = "True", deleting: bool = False, **labels: str) -> NodeFields:
+    """A Node's JSON as the API server sends it, read the way the learner reads it."""
+    return node_fields(
+        {
+            "metadata": {
+                "name": NAME,
+                "labels": {
+                    "kubernetes.io/hostname": NAME,
+                    "bke.bizflycloud.vn/node-id": "37730edf",
+                    "bke.bizflycloud.vn/pool-name": "big",
+                    "node.kubernetes.io/instance-type": "nix.4c_16g",
+                    "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true",
+                    "feature.node.kubernetes.io/machine-uuid": PHYSICAL,  # names the machine by its id: per node
+                    "maintenance": "planned",  # put on this node by hand: not a property of the group
+                    **labels,
+                },
+                **({"deletionTimestamp": "2026-12-03T18:00:00Z"} if deleting else {}),
+                "managedFields": [{"manager": "kubelet", "operation": "Update"}],
             },
-            deletion_timestamp="2026-12-03T18:00:00Z" if deleting else None,
-        ),
-        spec=client.V1NodeSpec(
-            provider_id=f"bizflycloud://{PHYSICAL}",
-            taints=[
-                client.V1Taint(key="dedicated", value="big", effect="NoSchedule"),
-                client.V1Taint(key="node.kubernetes.io/not-ready", effect="NoExecute"),
-                client.V1Taint(key="node.kubernetes.io/unreachable", effect="NoExecute"),
-                client.V1Taint(key="node.kubernetes.io/unschedulable", effect="NoSchedule"),
-                client.V1Taint(key="ToBeDeletedByClusterAutoscaler", value="1764780000", effect="NoSchedule"),
-                client.V1Taint(key="DeletionCandidateOfClusterAutoscaler", value="1", effect="PreferNoSchedule"),
-                client.V1Taint(key="node.cloudprovider.kubernetes.io/uninitialized", value="true", effect="NoSchedule"),
-                client.V1Taint(key="startup-taint.cluster-autoscaler.kubernetes.io/csi", effect="NoSchedule"),
-            ],
-        ),
-        status=client.V1NodeStatus(
-            capacity={"cpu": "4", "memory": "16384Mi", "pods": "110"},
-            allocatable={"cpu": "3900m", "memory": "14645Mi", "pods": "110"},
-            conditions=[client.V1NodeCondition(type="Ready", status=ready)],
-        ),
+            "spec": {
+                "providerID": f"bizflycloud://{PHYSICAL}",
+                "taints": [
+                    {"key": "dedicated", "value": "big", "effect": "NoSchedule"},
+                    {"key": "storage.example.com/local-ssd", "value": "pending", "effect": "PreferNoSchedule"},
+                    {"key": "maintenance.example.com/drain", "effect": "NoSchedule"},
+                    {"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"},
+                    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+                    {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+                    {"key": "ToBeDeletedByClusterAutoscaler", "value": "1764780000", "effect": "NoSchedule"},
+                    {"key": "DeletionCandidateOfClusterAutoscaler", "value": "1", "effect": "PreferNoSchedule"},
+                    {"key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"},
+                    {"key": "startup-taint.cluster-autoscaler.kubernetes.io/csi", "effect": "NoSchedule"},
+                ],
+            },
+            "status": {
+                "capacity": {"cpu": "4", "memory": "16384Mi", "pods": "110"},
+                "allocatable": {"cpu": "3900m", "memory": "14645Mi", "pods": "110"},
+                "conditions": [{"type": "MemoryPressure", "status": "False"}, {"type": "Ready", "status": ready}],
+                "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 1}],
+            },
+        }
     )
 
 
-def test_a_ready_node_teaches_its_group_labels_taints_and_resources_without_what_names_it() -> None:
-    template = template_from_node(node())
+# Learning the taint a DaemonSet adds at join, besides the default labels and the operator's own prefix.
+RULES = LearningRules.of(
+    LearnedTemplatesConfig(labels=["example.com/tier"], taints=["storage.example.com/", "node.kubernetes.io/"])
+)
+
+
+def test_a_ready_node_teaches_the_allowlisted_labels_and_the_configured_taints_and_its_resources() -> None:
+    template = template_from_node(node(**{"example.com/tier": "gold", "example.com/owner": "alice"}), RULES)
     assert template is not None
-    assert template.labels == {"bke.bizflycloud.vn/pool-name": "big", "node.kubernetes.io/instance-type": "nix.4c_16g"}
-    assert template.taints == (Taint("dedicated", "big", "NoSchedule"),)
+    assert template.labels == {
+        "bke.bizflycloud.vn/pool-name": "big",
+        "node.kubernetes.io/instance-type": "nix.4c_16g",
+        "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true",
+        "example.com/tier": "gold",
+    }
+    # Configured taint prefixes never bring back a condition's taint, and a hand-put taint stays out.
+    assert template.taints == (Taint("storage.example.com/local-ssd", "pending", "PreferNoSchedule"),)
     assert template.allocatable == {"cpu": "3900m", "memory": "14645Mi", "pods": "110"}
     assert template.capacity["memory"] == "16384Mi"
+
+
+def test_without_configuration_a_node_teaches_no_taint_and_no_label_outside_the_allowlist() -> None:
+    template = template_from_node(node())
+    assert template is not None
+    assert template.taints == ()
+    assert "maintenance" not in template.labels and "kubernetes.io/hostname" not in template.labels
+
+
+def test_a_record_stored_with_junk_is_cut_down_to_what_the_rules_learn() -> None:
+    junk = NodeTemplate(
+        {"maintenance": "planned", "kubernetes.io/arch": "amd64"},
+        (Taint("maintenance.example.com/drain", "", "NoSchedule"), Taint("storage.example.com/x", "", "NoSchedule")),
+        {"cpu": "4", "memory": "1Gi"},
+        {"cpu": "4", "memory": "1Gi"},
+    )
+    kept = RULES.filter(junk)
+    assert kept.labels == {"kubernetes.io/arch": "amd64"}
+    assert kept.taints == (Taint("storage.example.com/x", "", "NoSchedule"),)
+
+
+def test_records_beyond_the_configmap_limit_leave_out_groups_with_nodes_first() -> None:
+    records = {f"g{i}": "x" * 100 for i in range(10)}
+    kept, left_out = fit_in_budget(records, lambda gid: gid in ("g7", "g8"), budget=330)
+    assert set(kept) >= {"g7", "g8"} and len(kept) == 3
+    assert len(left_out) == 7 and sum(len(k) + len(v) for k, v in kept.items()) <= 330
+    assert fit_in_budget(records, lambda gid: False) == (records, [])
 
 
 @pytest.mark.parametrize(("ready", "deleting"), [("False", False), ("Unknown", False), ("True", True)])
@@ -93,11 +150,13 @@ class InMemoryAdapter:
 
     def __init__(self, template: NodeTemplate) -> None:
         self.cloud_template = template
+        self.observed: Mapping[str, str] | None = None  # the node labels the Backend last gave
 
     def list_groups(self, deadline: Deadline) -> CloudListing:
         return CloudListing((GroupState("big", 0, 3, 0, ()),))
 
     def template(self, group: GroupState, observed: Mapping[str, str] | None) -> NodeTemplate | None:
+        self.observed = observed
         return self.cloud_template
 
     def read_group(self, group_id: str, deadline: Deadline) -> GroupState: ...
@@ -138,6 +197,25 @@ def test_learned_beats_cloud_and_a_change_changes_the_cache_key() -> None:
     assert b.template_key("big") == same
 
 
+def test_the_labels_the_ca_shows_of_a_node_pass_the_same_rule_as_a_learned_nodes() -> None:
+    # One rule (providers/node_labels.py) for the labels NodeGroupForNode shows and for a learned node's:
+    # the allowlist plus the configured keys, never a label naming the machine or put on it by hand.
+    rules = LearningRules.of(LearnedTemplatesConfig(labels=["example.com/tier"]))
+    adapter = InMemoryAdapter(CLOUD)
+    b = Backend("memory", adapter, group_labels=rules.labels)  # type: ignore[arg-type]
+    b.start(background=False)
+    shown = node(**{"example.com/tier": "gold", "example.com/rack": "r12"})
+    assert b.observe_node("big", shown.metadata.labels, shown.metadata.name, shown.spec.providerID)
+    b.template("big")
+    learned = template_from_node(shown, rules)
+    assert learned is not None and adapter.observed == learned.labels
+    assert adapter.observed["example.com/tier"] == "gold"
+    assert not {"maintenance", "example.com/rack", "feature.node.kubernetes.io/machine-uuid"} & adapter.observed.keys()
+    # A node showing nothing of its group's changes nothing.
+    assert not b.observe_node("big", {"maintenance": "planned", "kubernetes.io/hostname": NAME}, NAME)
+    assert b.template_source("big") == "cloud"
+
+
 def test_override_keys_win_over_the_learned_template_key_by_key() -> None:
     b, _ = backend({"big": TemplateOverride(allocatable={"cpu": "1500m"}, labels={"tier": "gold"})})
     b.set_learned_template("big", LEARNED)
@@ -147,6 +225,23 @@ def test_override_keys_win_over_the_learned_template_key_by_key() -> None:
     assert template.labels["tier"] == "gold" and template.labels["nfd"] == "yes"
     assert template.taints == LEARNED.template.taints
     assert b.template_source("big") == f"override over learned from node {NAME} at 2026-12-03T18:00:00Z"
+
+
+def test_the_pools_own_labels_and_taints_win_over_the_learned_ones_and_follow_the_pool_at_zero() -> None:
+    pool = NodeTemplate(
+        {"node.kubernetes.io/instance-type": "nix.4c_16g", "workload": "huge"},  # the pool's label changed
+        (Taint("dedicated", "huge", "NoExecute"), Taint("gpu", "", "NoSchedule")),
+        {"cpu": "4", "memory": "16384Mi"},
+        {"cpu": "3920m", "memory": "13622Mi"},
+    )
+    b, _ = backend(cloud=pool)
+    b.set_learned_template("big", LEARNED)
+    template = b.template("big")
+    assert template is not None
+    assert template.labels == {"node.kubernetes.io/instance-type": "nix.4c_16g", "workload": "huge", "nfd": "yes"}
+    assert template.taints == pool.taints  # the pool defines "dedicated": its value wins
+    assert template.allocatable == LEARNED.template.allocatable  # what the real node reported
+    assert b.template_source("big").startswith("learned from node")
 
 
 def test_a_pool_that_now_makes_another_machine_type_falls_back_to_the_cloud() -> None:

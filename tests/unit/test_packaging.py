@@ -52,3 +52,13 @@ def test_the_image_copies_no_development_package() -> None:
     for name in DEVELOPMENT_ONLY:
         assert f"COPY {name}" not in dockerfile
         assert f"!{name}/" not in dockerignore
+
+
+def test_the_native_extra_is_exactly_this_checkouts_native_engine() -> None:
+    """``pip install 'ca-externalgrpc-server[native]'`` installs the native wheel built from native/, at
+    the version native/pyproject.toml and native/Cargo.toml give it (make wheels builds both wheels)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    native = tomllib.loads((REPO / "native" / "pyproject.toml").read_text())["project"]
+    cargo = tomllib.loads((REPO / "native" / "Cargo.toml").read_text())["package"]
+    assert native["version"] == cargo["version"]
+    assert extras["native"] == [f"{native['name']}=={native['version']}"]

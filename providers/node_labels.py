@@ -1,0 +1,88 @@
+"""Which labels of a real node describe its node group: the one rule for a template built from a node.
+
+Two paths take a real node's labels into its group's template for scale-from-zero: the labels the CA
+shows in NodeGroupForNode (``Backend.observe_node``, filling in the cloud's template) and learned
+templates (server/kube/templates.py, from the Node objects). A label is kept only when it describes
+every node of the group, so that a new node of the group would carry it too:
+
+- its key is in ``GROUP_LABELS`` (what describes the machine type, the zone and the pool) or among the
+  keys and prefixes the config adds (``kubernetes.learned_templates.labels``);
+- it does not name one machine: not in ``PER_NODE_LABELS``, and its value is not the node's name, its
+  providerID or the machine id at the providerID's end (a pod selecting on it would land on a copy).
+
+A label an operator puts on one node for a while (``maintenance=true``) is therefore never served for
+the group, where it would outlive that node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from providers.bizfly.templates import PER_NODE_LABELS as BIZFLY_PER_NODE_LABELS
+from providers.scaleway.templates import NODE_SPECIFIC_LABELS as SCALEWAY_PER_NODE_LABELS
+
+# Labels that name one machine, never its group: the node's own name, and the per-machine labels each
+# cloud package already keeps out of its templates (Bizfly's node and server ids, Kapsule's node id).
+PER_NODE_LABELS = frozenset(
+    {"kubernetes.io/hostname", "node.kubernetes.io/instance-id"} | BIZFLY_PER_NODE_LABELS | SCALEWAY_PER_NODE_LABELS
+)
+# The labels kept without configuration: the same on every node of a group. Keys, and prefixes ending in "/".
+GROUP_LABELS = (
+    "kubernetes.io/os",
+    "kubernetes.io/arch",
+    "node.kubernetes.io/instance-type",
+    "beta.kubernetes.io/",  # the deprecated os/arch/instance-type the kubelet still sets
+    "topology.kubernetes.io/",  # region, zone
+    "failure-domain.beta.kubernetes.io/",
+    "topology.csi.scaleway.com/",  # the CSI driver's zone: volume node affinity is checked against it
+    "feature.node.kubernetes.io/",  # node-feature-discovery: CPU, kernel, PCI features of the machine type
+    "nvidia.com/",  # GPU feature discovery: product, memory, count
+    "k8s.scaleway.com/",  # Kapsule's pool labels on every node (its per-node ones are dropped above)
+    "bke.bizflycloud.vn/",  # Bizfly's pool labels (likewise)
+)
+
+
+@dataclass(frozen=True)
+class KeyPatterns:
+    """Label or taint keys: exact ones, and prefixes ending in "/" standing for every key under them."""
+
+    keys: frozenset[str]
+    prefixes: tuple[str, ...]
+
+    @classmethod
+    def of(cls, patterns: Iterable[str]) -> KeyPatterns:
+        items = list(patterns)
+        return cls(frozenset(p for p in items if not p.endswith("/")), tuple(p for p in items if p.endswith("/")))
+
+    def match(self, key: str) -> bool:
+        return key in self.keys or key.startswith(self.prefixes)
+
+
+@dataclass(frozen=True)
+class GroupLabels:
+    """The rule: ``GROUP_LABELS`` plus the configured keys and prefixes, never a label naming one machine."""
+
+    patterns: KeyPatterns = KeyPatterns.of(GROUP_LABELS)
+
+    @classmethod
+    def with_extra(cls, extra: Iterable[str]) -> GroupLabels:
+        """The rule with the keys and prefixes of ``kubernetes.learned_templates.labels`` added."""
+        return cls(KeyPatterns.of((*GROUP_LABELS, *extra)))
+
+    def keep(self, labels: Mapping[str, str], machine: Iterable[str] = ()) -> dict[str, str]:
+        """The labels of a node that describe its group; ``machine``: the values that name this one node
+        (``machine_names``)."""
+        names = frozenset(machine)
+        return {
+            k: v for k, v in labels.items() if self.patterns.match(k) and k not in PER_NODE_LABELS and v not in names
+        }
+
+
+def machine_names(node_name: str, provider_id: str) -> set[str]:
+    """Values that identify one machine: its node name, its providerID and the id at the providerID's end."""
+    names = {node_name}
+    if provider_id:
+        names.add(provider_id)
+        names.add(provider_id.rstrip("/").rsplit("/", 1)[-1])
+    return {n for n in names if n}
