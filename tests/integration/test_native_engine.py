@@ -352,10 +352,12 @@ def test_templates_are_pythons_first_then_native_until_a_nodes_labels_change_the
     assert answered_natively()[0] == 0, "the first call after a publication is Python's"
     count, first = answered_natively()
     assert count == 1, "then the front gives Python's answer"
-    # A real node of the group with a label of its own: the group's template now carries it.
+    # A real node of the group with a label that describes its machine type: the template now carries it.
     assert stack.scaleway is not None
     member = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL))[0]
-    labelled = pb.NodeGroupForNodeRequest(node=node(member, {"team": "checkout"})).SerializeToString()
+    labelled = pb.NodeGroupForNodeRequest(
+        node=node(member, {"feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true"})
+    ).SerializeToString()
     raw_call(stack.channel, "NodeGroupForNode", labelled)
     count, changed = answered_natively()
     assert count == 0 and changed != first, "forgotten: Python builds the new template"
