@@ -151,6 +151,7 @@ bench: build
 bench-ca: GO_BUILD_GROUPS = e2e bench
 bench-ca: build
 	$(PY) -m tests.bench.ca_run $(BENCH_CA_ARGS)
+
 # What the Kubernetes features cost at cluster scale: our server with each feature set against a real
 # kube-apiserver and etcd holding 1,000, 5,000 and 20,000 kubelet-shaped Nodes (tests/bench/README.md).
 # make test runs a 40-node smoke of it (tests/kube/test_bench_kube_smoke.py).
