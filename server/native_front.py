@@ -190,6 +190,15 @@ class NativeFront:
         """GOAWAY to every client connection; open calls get ``grace`` seconds; the port keeps listening."""
         self._front.drop_connections(grace)
 
+    def follow(self, age: float, late_age: float, grace: float) -> None:
+        """This replica does not lead: every connection, open or to come, gets GOAWAY ``age`` seconds from
+        now, or once it has been open ``late_age`` when it comes later; its calls get ``grace``."""
+        self._front.follow(age, late_age, grace)
+
+    def lead(self) -> None:
+        """This replica leads: connections live ``serving.max_connection_age`` again."""
+        self._front.lead()
+
     def native_calls(self) -> NativeCalls:
         calls: NativeCalls = self._front.native_calls()
         return calls
@@ -211,6 +220,8 @@ def front_limits(serving: ServingConfig) -> dict[str, Any]:
         "handshake_timeout": serving.handshake_timeout,
         "idle_timeout": serving.idle_timeout or None,
         "request_buffer": serving.request_buffer,
+        "max_connection_age": serving.max_connection_age or None,
+        "max_connection_age_grace": serving.max_connection_age_grace,
     }
 
 

@@ -88,9 +88,11 @@ class Leadership:
         self.identity = identity  # the replica's name, for people (messages, Events, the journal)
         self.lease_identity = identity  # its holderIdentity in the Lease (Election adds the process suffix)
         # Run (in the elector thread, in order) each time this replica stops leading, after it stopped
-        # writing and paused its sync: each must return at once and never raise. For the serving engine
-        # to close the CA's connections, so the CA reconnects through the Service to the new leader.
+        # writing and paused its sync; and each time it starts serving as the leader (its first sync of a
+        # term done, in that term's take-over thread). Each must return at once and never raise. For the
+        # serving engine to send the CA's connections to the leader (server/app.py, FollowerConnections).
         self.on_stopped_leading: list[Callable[[], None]] = []
+        self.on_serving: list[Callable[[], None]] = []
         self._clock = clock
         self._lock = threading.Lock()
         self._term = 0  # counts this replica's terms as leader
@@ -139,14 +141,14 @@ class Leadership:
             raise NotLeader(f"{what} not sent: {self._why_not()}")
         return left
 
-    def check_mutation(self, rpc: str) -> None:
-        """The servicer's gate for mutating RPCs: raise NotLeader unless leader and synced."""
+    def check_serving(self, rpc: str) -> None:
+        """The servicer's gate for mutating RPCs and Refresh: raise NotLeader unless leader and synced."""
         if self.serving():
             return
         if self.holds():
             raise NotLeader(
                 f"{rpc} refused: {self._me()} has just become the leader and syncs with the "
-                "cloud before it changes anything; retry in a few seconds"
+                "cloud before it answers; retry in a few seconds"
             )
         raise NotLeader(f"{rpc} refused: {self._why_not()}")
 
@@ -563,6 +565,14 @@ class LeaderElector:
         return {"lease": f"{self._namespace}/{self._name}", "identity": self._identity}
 
 
+def _run_hooks(hooks: list[Callable[[], None]], what: str) -> None:
+    for hook in list(hooks):
+        try:
+            hook()
+        except Exception:  # one hook failing must not keep the others from running
+            log.exception(f"{what} failed")
+
+
 def _micro_time(at: dt.datetime) -> str:
     """A Lease's MicroTime: RFC 3339 in UTC with microseconds, as the API server writes it."""
     return at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -685,17 +695,14 @@ class Election:
                     "identity": self.leadership.identity,
                 },
             )
+            _run_hooks(self.leadership.on_serving, "a take-over hook")
 
     def _stopped_leading(self) -> None:
         with self._switch:
             self._registry.pause()
             if self._liveness is not None:
                 self._liveness.unwatch(self._registry.backends)
-        for hook in list(self.leadership.on_stopped_leading):
-            try:
-                hook()
-            except Exception:  # one hook failing must not keep the others from running
-                log.exception("a step-down hook failed")
+        _run_hooks(self.leadership.on_stopped_leading, "a step-down hook")
 
     def _api_error(self) -> None:
         if self._metrics is not None:
