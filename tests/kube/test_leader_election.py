@@ -605,3 +605,22 @@ def test_a_stopping_leader_writes_its_final_status_before_it_hands_the_lease_bac
     leader.stop()
     assert target_shown() == "2", "the status left behind is not the one the server stopped in"
     assert replicas.holder() == "", "the Lease was handed back after the final writes"
+
+
+def test_each_cloud_write_names_the_lease_holder_and_its_term(replicas: Replicas, sim: ScalewaySimulator) -> None:
+    # Issue 30, item 3: a cloud write must be told to one leadership term. Each carries the Lease holder (the
+    # replica's identity and its process suffix) and the Lease's leaseTransitions as that holder wrote it,
+    # raised by every acquisition, after a hand-back too.
+    first = replicas.start("replica-a")
+    wait_for(lambda: ready(first), 10, "the first replica leads and syncs")
+    second = replicas.start("replica-b")
+    assert increase(first) is None
+    holder_a = replicas.lease().spec.holder_identity
+    first.stop()  # hands the Lease back
+    wait_for(lambda: ready(second), RETRY_PERIOD + FIRST_SYNC_BOUND + 2, "the second replica leads and syncs")
+    assert increase(second) is None
+    lease = replicas.lease()
+    writers = [r.headers.get("ca-externalgrpc-writer") for r in sim.requests.filter("update_pool", "PATCH")]
+    assert writers == [f"{holder_a}; term=0", f"{lease.spec.holder_identity}; term=1"], writers
+    assert lease.spec.lease_transitions == 1
+    assert [r.headers.get("ca-externalgrpc-writer") for r in sim.requests.filter(method="GET")][-1] is None
