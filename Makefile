@@ -109,9 +109,11 @@ conformance: build
 # our server and the simulated clouds, every scenario (tests/e2e/README.md). make test runs the smoke.
 # (bench: the upstream example server, which the smoke of make bench-ca runs against the real CA too.)
 E2E_STEADY_SECONDS ?= 180
+# Rounds of the split-brain scenario (tests/e2e/test_failover.py), each variant; make test runs one round.
+E2E_PARTITION_ROUNDS ?= 10
 e2e: GO_BUILD_GROUPS = e2e bench
 e2e: build
-	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS)
+	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS) --partition-rounds=$(E2E_PARTITION_ROUNDS)
 
 # The e2e smoke's scale-up and scale-down with the server as the container image (tests/e2e/test_image.py,
 # needs podman). make test runs it too whenever podman is installed.
