@@ -19,7 +19,8 @@ provider error.
 The partition's safety is read from the clouds' request logs (``cloud_writes``, ``leadership_terms``,
 ``check_terms``): every write carries the Lease holder and term that sent it (``Ca-Externalgrpc-Writer``),
 and no term may write after the next one's first write, nor after its own renew deadline; each pool's size
-moved by exactly what the calls answered OK asked (``check_sizes``), so no change was applied twice.
+moved by what the calls answered OK asked, less the answers the server took for the retry of a change
+whose answer was lost (``check_sizes``), so no change was applied twice.
 """
 
 from __future__ import annotations
@@ -296,18 +297,43 @@ def settle(env: E2EEnvironment, replicas: ReplicatedServer, pools: Iterable[tupl
         stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=group_of(env, cloud, pool), delta=1), timeout=10)
 
 
+ABSORBED = "increase already applied by an earlier call whose answer was lost"
+
+
+@dataclass(frozen=True)
+class PoolGrowth:
+    """How a pool grew against what the IncreaseSize calls answered OK asked for (the pools only grow in
+    these scenarios). ``absorbed``: OK answers the server gave without writing, taking the call for the retry
+    of a change whose answer was lost (its own, or one adopted from the journal: providers/backend.py).
+    No change was applied twice when ``grew == asked - absorbed``."""
+
+    pool: str
+    grew: int
+    asked: int
+    absorbed: int
+    unknown: int  # calls answered "not confirmed" (outcome unknown)
+
+    @property
+    def once(self) -> bool:
+        return self.grew == self.asked - self.absorbed
+
+
 def check_sizes(
     env: E2EEnvironment, replicas: ReplicatedServer, initial: dict[tuple[str, str], int]
-) -> list[tuple[str, int, int, int]]:
-    """Per pool: (pool, its size change, the sum of the deltas of the IncreaseSize calls answered OK, the calls
-    whose outcome was unknown). The first two are equal when no change was applied twice (the pools only
-    grow in these scenarios; after ``settle``, an unknown outcome's retry was answered OK)."""
+) -> list[PoolGrowth]:
     out = []
     for (cloud, pool), before in initial.items():
-        calls = increase_calls(replicas, group=group_of(env, cloud, pool))
+        group = group_of(env, cloud, pool)
+        calls = increase_calls(replicas, group=group)
         asked = sum(int(r.get("delta", 0)) for r in calls if r.get("grpcCode") == "OK")
         unknown = sum(1 for r in calls if "not confirmed" in str(r.get("msg", "")))
-        out.append((f"{cloud}/{pool}", pool_size(env, cloud, pool) - before, asked, unknown))
+        absorbed = sum(
+            int(r.get("delta", 0))
+            for name in replicas.replicas
+            for r in server_log(replicas, name)
+            if r.get("msg") == ABSORBED and r.get("nodeGroup") == group
+        )
+        out.append(PoolGrowth(f"{cloud}/{pool}", pool_size(env, cloud, pool) - before, asked, absorbed, unknown))
     return out
 
 
