@@ -126,3 +126,27 @@ def test_a_replica_that_leads_again_before_the_age_keeps_its_connections(tmp_pat
         stack.server.engine.lead()
         assert closed_after(stack, {port}, time.monotonic(), 2) == {}, "sent away although it leads again"
         channel.close()
+
+
+def test_calls_go_on_without_an_error_across_the_age_goaways(tmp_path: Path, engine: str) -> None:
+    # The backstop must cost the CA nothing but a reconnection: calls made as its connection ages out are
+    # answered (gRPC clients move to a new connection on GOAWAY, and retry a call the server never took).
+    with start(tmp_path, engine, max_connection_age="1s", max_connection_age_grace="1s") as stack:
+        channel, _ = connect(stack)
+        stub = pb_grpc.CloudProviderStub(channel)
+        ports: set[int] = set()
+        calls = failures = 0
+        end = time.monotonic() + 4.5
+        while time.monotonic() < end:
+            try:
+                stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5)
+            except grpc.RpcError as err:
+                failures += 1
+                print(err)
+            calls += 1
+            ports |= client_ports(stack.server.port)
+            time.sleep(0.01)
+        channel.close()
+        print(f"\n{engine}: {calls} calls on {len(ports)} connections, {failures} failed")
+        assert len(ports) >= 4, "the connection did not age out"
+        assert failures == 0
