@@ -113,6 +113,9 @@ class BizflyAdapter(CloudAdapter):
                 "in the dashboard for pools the autoscaler should manage",
             )
         pools = self._fetch_pools([str(e.get("id") or "") for e in entries], deadline)
+        with self._histories_lock:  # a pool no longer listed takes its nodes' history with it
+            for gone in set(self._histories) - set(pools):
+                del self._histories[gone]
         groups = []
         for entry in entries:
             pool = pools.get(str(entry.get("id") or ""))

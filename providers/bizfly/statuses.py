@@ -137,6 +137,8 @@ class NodeStatus:
 
 _reported: set[str] = set()
 _reported_lock = threading.Lock()
+# Reasons can carry ids: past this many distinct warnings, further ones are not remembered (nor logged).
+_REPORTED_MAX = 1000
 
 
 def map_status(status: str | None, reason: str | None = None, history: History = History.UNKNOWN) -> NodeStatus:
@@ -195,7 +197,7 @@ def failure_error(status: str, reason: str) -> InstanceError:
 def _report_once(key: str, message: str, value: str, history: History, outcome: str) -> None:
     # Once per process and spelling: a sync every 30 s must not repeat the same warning forever.
     with _reported_lock:
-        if key in _reported:
+        if key in _reported or len(_reported) >= _REPORTED_MAX:
             return
         _reported.add(key)
     shown = {

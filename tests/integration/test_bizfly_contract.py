@@ -196,8 +196,7 @@ class FixtureApi:
     def cluster(self, request: SimRequest) -> SimResponse:
         if request.params["uid"] != UID:
             raise SimError(404, "Cluster not found")
-        entries = [{k: v for k, v in p.items()} for p in self.pools.values()]
-        return SimResponse(200, cluster_answer(entries))
+        return SimResponse(200, cluster_answer([dict(p) for p in self.pools.values()]))
 
     def pool(self, request: SimRequest) -> SimResponse:
         pool_id = request.params["pool"]
