@@ -18,7 +18,9 @@ import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -173,3 +175,135 @@ def _banner(demo: ChildProcess, timeout: float = 30.0) -> str:
             raise AssertionError(f"the demo printed no banner:\n{demo.output}")
         time.sleep(0.02)
     return demo.output
+
+
+# ---------------------------------------------------------------------------------------------- issue 32
+# A backend the cloud refuses from the start: where the CA and the operator look, each names the cause.
+REFUSED_CASES = {
+    # what is wrong -> (the scaleway mapping's change, the env, the reason, what the check must name)
+    "secret key": (
+        {"secret_key_env": "SCW_SECRET_KEY"},
+        {"SCW_SECRET_KEY": "00000000-0000-0000-0000-000000000000"},
+        "credentials",
+        # the upstream variable wins over the file (as upstream), so it is the place to look
+        "the key in environment variable SCW_SECRET_KEY; it must be the secret key (a UUID) of an IAM API key",
+    ),
+    "cluster id": (
+        {"cluster_id": "11111111-2222-3333-4444-555555555555"},
+        {},
+        "not_found",
+        "backends[0].scaleway.cluster_id = '11111111-2222-3333-4444-555555555555' and backends[0].scaleway.region",
+    ),
+    "region": ({"region": "nl-ams"}, {}, "not_found", "backends[0].scaleway.region = 'nl-ams'"),
+}
+
+
+def refused_backend(simulator: ScalewaySimulator, case: str, name: str = "scw") -> dict[str, Any]:
+    backend = scaleway_backend(simulator, name)
+    change = REFUSED_CASES[case][0]
+    if "secret_key_env" in change:
+        backend["scaleway"].pop("secret_key")
+    backend["scaleway"].update(change)
+    return backend
+
+
+@pytest.mark.parametrize("case", list(REFUSED_CASES))
+def test_a_refused_backend_is_named_by_refresh_status_readyz_log_and_metric(
+    tmp_path: Path, simulator: ScalewaySimulator, case: str
+) -> None:
+    _, env, reason, check = REFUSED_CASES[case]
+    server = ServerProcess(server_config([refused_backend(simulator, case)]), env=env, workdir=tmp_path)
+    try:
+        # The CA's Refresh fails, so its own log (`Failed to refresh cloud provider config: ...`) names the cause.
+        with pytest.raises(grpc.RpcError) as refused:
+            server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        details = refused.value.details() or ""
+        assert details.startswith("no backend can serve node groups: backend 'scw' has never synced: ")
+        assert check in details
+        # NodeGroups never fails (an error would empty the CA's whole list, logged at --v=1 only).
+        assert list(server.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups) == []
+        status = cli("status", "--address", server.address)
+        assert status.returncode == 3, status.stdout + status.stderr
+        assert "backend scw (scaleway): UNHEALTHY, not synced, 0 group(s), snapshot age -" in status.stdout
+        assert f"  check: {check}" in status.stdout or check in status.stdout
+        assert "  last error: scaleway API GET " in status.stdout
+        assert status.stderr.strip() == "error: unhealthy backend(s): scw"
+        code, body = server.http_get("/readyz")
+        assert code == 200 and body.startswith("ready; scw: not synced yet (") and check in body
+        _, metrics = server.http_get("/metrics")
+        assert f'ca_externalgrpc_backend_sync_failure{{backend="scw",reason="{reason}"}} 1.0' in metrics
+        lines = [json.loads(line) for line in server.output.splitlines() if line.startswith("{")]
+        failed = [line for line in lines if line["msg"].startswith("cloud sync failed")]
+        assert failed and failed[0]["check"] and check in failed[0]["check"] and failed[0]["reason"] == reason
+        # There is no snapshot: no line may claim one is served.
+        assert not any("serving the last good snapshot" in line["msg"] for line in lines)
+        assert "no snapshot yet: this backend serves no node groups" in failed[0]["msg"]
+        assert any(line["msg"].startswith("initial sync failed: ") and check in line["msg"] for line in lines)
+    finally:
+        server.stop()
+
+
+def test_one_refused_backend_of_two_leaves_refresh_ok_and_the_other_serving(
+    tmp_path: Path, simulator: ScalewaySimulator
+) -> None:
+    backends = [scaleway_backend(simulator, "good"), refused_backend(simulator, "secret key", "bad")]
+    env = REFUSED_CASES["secret key"][1]
+    # Two Scaleway backends: the upstream variables apply to neither, the *_env names the variable.
+    backends[1]["scaleway"]["secret_key_env"] = "SCW_BAD_KEY"
+    server = ServerProcess(server_config(backends), env={"SCW_BAD_KEY": env["SCW_SECRET_KEY"]}, workdir=tmp_path)
+    try:
+        server.stub.Refresh(pb.RefreshRequest(), timeout=5)  # the isolation rule: the good cloud keeps autoscaling
+        groups = server.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups
+        assert groups and all(g.debug.startswith("backend=good ") for g in groups)
+        status = cli("status", "--address", server.address)
+        assert status.returncode == 3
+        assert f"backend good (scaleway): healthy, serving, {len(groups)} group(s)" in status.stdout
+        assert "backend bad (scaleway): UNHEALTHY, not synced, 0 group(s)" in status.stdout
+        assert "check: the key in backends[1].scaleway.secret_key_env (variable SCW_BAD_KEY)" in status.stdout
+    finally:
+        server.stop()
+
+
+def test_credentials_that_stop_working_fail_refresh_at_the_next_sync_when_no_backend_is_left(
+    tmp_path: Path,
+) -> None:
+    with ScalewaySimulator(scenario=demo_scenario()) as sim:
+        backend = scaleway_backend(sim, sync={"interval": "1s", "min_interval": "0s", "follow_refresh": False})
+        server = ServerProcess(server_config([backend]), workdir=tmp_path)
+        try:
+            server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+            sim.api.secret_key = "revoked"  # the key is deleted in the console
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+                except grpc.RpcError as err:
+                    details = err.details() or ""
+                    break
+                assert time.monotonic() < deadline, "Refresh never reported the refused credentials"
+                time.sleep(0.2)
+            assert "backend 'scw' last synced" in details and "the cloud refused the credentials" in details
+            assert "check the key in backends[0].scaleway.secret_key" in details
+            assert sim.secret_key not in details
+        finally:
+            server.stop()
+
+
+def test_a_refused_bizfly_login_names_the_login_settings(tmp_path: Path) -> None:
+    from devstack.clouds import bizfly_backend
+    from simulators.bizfly import BizflySimulator
+    from simulators.bizfly import demo_scenario as bizfly_demo
+
+    with BizflySimulator(scenario=bizfly_demo(), clock=ManualClock()) as sim:
+        backend = bizfly_backend(sim, password="wrong-password")
+        server = ServerProcess(server_config([backend]), workdir=tmp_path)
+        try:
+            with pytest.raises(grpc.RpcError) as refused:
+                server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+            details = refused.value.details() or ""
+            assert "the cloud refused the credentials" in details
+            assert "check the Bizfly login, backends[0].bizfly.email = " in details
+            assert "backends[0].bizfly.password" in details and "wrong-password" not in details
+        finally:
+            server.stop()
