@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
@@ -156,7 +159,9 @@ def test_demo_banner_commands_work_when_pasted_from_the_repository_root() -> Non
     try:
         demo.wait_listening()
         banner = _banner(demo)
-        commands = [line.strip() for line in banner.splitlines() if re.match(r"\s+(\.venv/bin/|grpcurl |curl )", line)]
+        commands = [
+            line.strip() for line in banner.splitlines() if re.match(r"\s+(\.venv/bin/|\S*grpcurl |curl )", line)
+        ]
         assert any(c.startswith(".venv/bin/ca-externalgrpc status") for c in commands), banner
         for command in commands:
             done = subprocess.run(
@@ -307,3 +312,78 @@ def test_a_refused_bizfly_login_names_the_login_settings(tmp_path: Path) -> None
             assert "backends[0].bizfly.password" in details and "wrong-password" not in details
         finally:
             server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- make run, no Rust
+GRPCIO_NOTICE = "serving on the grpcio engine (serving.engine: auto): the native serving engine is not installed"
+
+
+def venv_without_the_native_engine(where: Path) -> Path:
+    """A virtualenv holding everything `make install` put in .venv except the native engine, as a user
+    without Rust has it after the Makefile's pip step: every entry of .venv's site-packages but
+    ca_externalgrpc_native is linked into a fresh venv."""
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    source = Path(next((REPO_ROOT / ".venv" / "lib").glob("python3*"))) / "site-packages"
+    target = next((venv / "lib").glob("python3*")) / "site-packages"
+    for entry in source.iterdir():
+        if not entry.name.startswith("ca_externalgrpc_native"):
+            (target / entry.name).symlink_to(entry)
+    (venv / ".installed").touch()  # the Makefile's stamp: its pip step is done
+    return venv
+
+
+def test_make_run_without_rust_serves_on_grpcio_with_the_pip_paths_notice(tmp_path: Path) -> None:
+    venv = venv_without_the_native_engine(tmp_path)
+    # No cargo anywhere on PATH: only the folders of python, make and the base system.
+    path = ":".join(dict.fromkeys([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]))
+    assert subprocess.run(["sh", "-c", "command -v cargo"], env={"PATH": path}).returncode != 0
+    # make and the demo it starts in a session of their own, stopped as Ctrl-C stops a terminal's job.
+    make = subprocess.Popen(
+        ["make", "--no-print-directory", "run", f"VENV={venv}", "LISTEN=127.0.0.1:0", "HTTP_LISTEN=127.0.0.1:0"],
+        cwd=REPO_ROOT,
+        env={**child_env(), "PATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(make.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any("Stop with Ctrl-C." in line for line in lines):
+            assert make.poll() is None, "make run exited:\n" + "".join(lines)
+            assert time.monotonic() < deadline, "no banner within 60 s:\n" + "".join(lines)
+            time.sleep(0.2)
+        output = "".join(lines)
+        assert "ca-externalgrpc demo: gRPC on 127.0.0.1:" in output
+        notices = [line for line in output.splitlines() if GRPCIO_NOTICE in line]
+        assert len(notices) == 1, output
+        assert "install the server with its native extra" in notices[0]
+        assert "Rust" not in output.split(GRPCIO_NOTICE)[0]  # no failed cargo step before it
+    finally:
+        os.killpg(make.pid, signal.SIGINT)
+        make.wait(timeout=30)
+        reader.join(timeout=5)
+
+
+def test_the_demo_banner_points_at_the_grpcurl_make_build_made() -> None:
+    from tests.support.gobuild import bin_dir
+
+    built = bin_dir() / "grpcurl"
+    if not built.is_file():
+        pytest.fail(f"{built} is missing: run make build", pytrace=False)
+    path = "/usr/bin:/bin"  # no grpcurl on it
+    assert subprocess.run(["sh", "-c", "command -v grpcurl"], env={"PATH": path}).returncode != 0
+    demo = ChildProcess(
+        [sys.executable, "-m", "devstack", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+        env={**child_env(), "PATH": path},
+    )
+    try:
+        banner = _banner(demo)
+        assert f"  {built} -plaintext 127.0.0.1:" in banner, banner
+        assert "not on PATH" not in banner
+    finally:
+        assert demo.stop() == 0
