@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.clouds import scaleway_backend
 from devstack.harness import (
+    ENGINE_ENV,
     REPO_ROOT,
     ChildProcess,
     ServerProcess,
@@ -342,7 +343,8 @@ def test_make_run_without_rust_serves_on_grpcio_with_the_pip_paths_notice(tmp_pa
     make = subprocess.Popen(
         ["make", "--no-print-directory", "run", f"VENV={venv}", "LISTEN=127.0.0.1:0", "HTTP_LISTEN=127.0.0.1:0"],
         cwd=REPO_ROOT,
-        env={**child_env(), "PATH": path},
+        # serving.engine left at auto, as make run has it (make test sets the test engine for the others)
+        env={k: v for k, v in child_env().items() if k != ENGINE_ENV} | {"PATH": path},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
