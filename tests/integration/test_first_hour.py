@@ -296,21 +296,39 @@ def test_credentials_that_stop_working_fail_refresh_at_the_next_sync_when_no_bac
             server.stop()
 
 
-def test_a_refused_bizfly_login_names_the_login_settings(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "what", "check"),
+    [
+        (
+            {"password": "wrong-password"},
+            "the cloud refused the credentials",
+            "check the Bizfly login, backends[0].bizfly.email = ",
+        ),
+        (
+            {"cluster_name": "ke0000000000000x"},
+            "the cloud does not know the cluster",
+            "check backends[0].bizfly.cluster_name = 'ke0000000000000x' (the cluster UID",
+        ),
+    ],
+    ids=["login", "cluster"],
+)
+def test_a_refused_bizfly_backend_names_the_setting(
+    tmp_path: Path, change: dict[str, str], what: str, check: str
+) -> None:
     from devstack.clouds import bizfly_backend
     from simulators.bizfly import BizflySimulator
     from simulators.bizfly import demo_scenario as bizfly_demo
 
     with BizflySimulator(scenario=bizfly_demo(), clock=ManualClock()) as sim:
-        backend = bizfly_backend(sim, password="wrong-password")
+        backend = bizfly_backend(sim)
+        backend["bizfly"].update(change)
         server = ServerProcess(server_config([backend]), workdir=tmp_path)
         try:
             with pytest.raises(grpc.RpcError) as refused:
                 server.stub.Refresh(pb.RefreshRequest(), timeout=5)
             details = refused.value.details() or ""
-            assert "the cloud refused the credentials" in details
-            assert "check the Bizfly login, backends[0].bizfly.email = " in details
-            assert "backends[0].bizfly.password" in details and "wrong-password" not in details
+            assert what in details and check in details, details
+            assert "wrong-password" not in details
         finally:
             server.stop()
 
