@@ -51,6 +51,10 @@ class Advisor:
             return where
         return f"{where} = {value!r}"
 
+    def _set(self, key: str) -> bool:
+        """Whether the operator set ``key`` (in the file, through a ``*_env`` key, or a variable)."""
+        return not self.origins.get(key, "(not set").endswith("(not set: the default)")
+
     def diagnose(self, err: BaseException) -> Diagnosis:
         status = _status(err)
         if isinstance(err, CloudAuthFailed):
@@ -85,7 +89,8 @@ class Advisor:
                     f"{self._named('email')} and {self._named('password', False)} "
                     f"(auth_method from {self._named('auth_method', False)})"
                 )
-            extra = f", and {self._named('tenant_id')} when the account has several projects"
+            project = "tenant_id" if self._set("tenant_id") and not self._set("project_id") else "project_id"
+            extra = f", and {self._named(project)} when the account has several projects"
             if status == 403:
                 return f"the Bizfly account's permissions on the cluster (the login is {login}{extra})"
             return f"the Bizfly login, {login}{extra}; and {self._named('token_url')}"
