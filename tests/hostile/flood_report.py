@@ -39,7 +39,7 @@ def run_flood(port: int, rate: int, seconds: float, payload: str = "") -> dict[s
     """One run of ``httpflood`` against ``127.0.0.1:port``; its JSON result."""
     argv = [str(binary_path("httpflood")), "-addr", f"127.0.0.1:{port}", "-rate", str(rate)]
     argv += ["-duration", f"{seconds}s", "-payload", payload]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 180, check=True)
     return dict(json.loads(done.stdout))
 
 
