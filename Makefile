@@ -141,7 +141,7 @@ native-test: install
 PODMAN := $(shell command -v podman 2>/dev/null)
 test: build native-test wheels $(if $(PODMAN),image)
 	$(PY) -m pytest -q tests
-	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py tests/hostile/test_http_fuzz.py
 
 # The replay of the CA's calls (Go load client) against our server and the upstream example, at
 # 1,000 to 20,000 nodes (tests/bench/README.md).
