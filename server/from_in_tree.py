@@ -71,7 +71,7 @@ BIZFLY_ORIGINS = {
     "region": BIZFLY_REGION,
     "api_url": BIZFLY_API_URL,
     "token_url": BIZFLY_API_URL,
-    "tenant_id": BIZFLY_TENANT_ID,
+    "project_id": BIZFLY_TENANT_ID,
 }
 
 # The layouts as deploy/ ships them (tests/unit/test_from_in_tree.py keeps the two equal).
@@ -360,8 +360,7 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
             conversion.problems.append(_missing(variable, what, upstream, f"export {variable}"))
     if method:
         backend["auth_method"] = method
-    if value[BIZFLY_EMAIL]:
-        # Also the X-Tenant-Name header of every call, whatever the login method (as upstream).
+    if value[BIZFLY_EMAIL] and method != "application_credential":
         backend["email"] = value[BIZFLY_EMAIL]
     if method == "password":
         backend["password_env"] = BIZFLY_PASSWORD
@@ -379,7 +378,9 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
             f"{BIZFLY_API_URL} said; remove it to log in at <api_url>/api/token instead"
         )
     if value[BIZFLY_TENANT_ID]:
-        backend["tenant_id"] = value[BIZFLY_TENANT_ID]
+        # The in-tree client sent it as X-Tenant-Id; it is the project id (the Bizfly cloud-controller-manager
+        # passes the same variable on as one), sent as X-Project-ID (docs/bizfly.md, "Authentication").
+        backend["project_id"] = value[BIZFLY_TENANT_ID]
     conversion.env = dict(env)
     conversion.backend = backend
 

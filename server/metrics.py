@@ -144,6 +144,14 @@ class Metrics:
             ("backend", "api", "endpoint"),
             registry=r,
         )
+        self.cloud_write_checks = Counter(
+            PREFIX + "cloud_write_checks_total",
+            "Writes the cloud accepted that are read back because nothing shows the cloud applies them (check: "
+            "desired_size_zero, a Bizfly pool set to 0), by result: confirmed, mismatch (the cloud does not show "
+            "the change: the write is reported failed), unverified (the read-back failed; the write stands).",
+            ("backend", "api", "check", "result"),
+            registry=r,
+        )
         self.breaker_state = Gauge(
             PREFIX + "cloud_api_circuit_breaker_state",
             "Circuit breaker towards a cloud API: 1 for the current state (closed, half-open, open), else 0.",
@@ -249,6 +257,9 @@ class Metrics:
         if retried:
             self.cloud_retries.labels(backend, api, endpoint).inc()
 
+    def observe_write_check(self, backend: str, api: str, check: str, result: str) -> None:
+        self.cloud_write_checks.labels(backend, api, check, result).inc()
+
     def set_breaker_state(self, backend: str, api: str, state: int | str) -> None:
         current = _breaker_state(state)
         for name in BREAKER_STATES:
@@ -336,6 +347,10 @@ class BackendMetrics:
 
     def set_breaker_state(self, api: str, state: int | str) -> None:
         self._metrics.set_breaker_state(self.backend, api, state)
+
+    def observe_write_check(self, api: str, check: str, result: str) -> None:
+        """A write read back after the cloud accepted it (``CloudAdapter`` code calls it)."""
+        self._metrics.observe_write_check(self.backend, api, check, result)
 
 
 def _breaker_state(state: int | str) -> str:

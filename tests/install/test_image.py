@@ -76,7 +76,7 @@ def manifest_credentials(scaleway: ScalewaySimulator, bizfly: BizflySimulator) -
         "BIZFLYCLOUD_APP_CREDENTIAL_ID": credential_id,
         "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": credential_secret,
         "BIZFLYCLOUD_REGION": "HN",
-        "BIZFLYCLOUD_TENANT_ID": "install-test-tenant",
+        "BIZFLYCLOUD_PROJECT_ID": bizfly.project_id,
         "CLUSTER_NAME": bizfly_cluster_uid(bizfly),
     }
     for overlay in ("scaleway", "bizfly"):

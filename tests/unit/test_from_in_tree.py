@@ -149,7 +149,7 @@ def test_bizfly_application_credential_login() -> None:
         "app_credential_id": "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
         "app_credential_secret_env": "BIZFLYCLOUD_APP_CREDENTIAL_SECRET",
         "region": "HCM",
-        "tenant_id": "8d1f3b0c5e7a4b2f9c6d0e1a2b3c4d5e",
+        "project_id": "8d1f3b0c5e7a4b2f9c6d0e1a2b3c4d5e",  # the in-tree X-Tenant-Id, now X-Project-ID
     }
 
 
