@@ -14,16 +14,33 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
-# Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
-# prints (a folder named like the package may shadow it) is filtered out; errors still show.
-$(STAMP): pyproject.toml
+# Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
+# dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
+# dependency), then the lock's check against pyproject.toml, then the project itself in editable mode
+# with no dependency of its own (--no-deps) and the locked setuptools as its build backend
+# (--no-build-isolation: nothing is fetched outside the lock). Quiet: pip says nothing unless something
+# fails, and setuptools' notice that every editable install prints (a folder named like the package may
+# shadow it) is filtered out; errors still show.
+LOCKED_DEPS := $(VENV)/.locked-deps
+$(LOCKED_DEPS): requirements/dev.txt
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements/dev.txt
+	@touch $@
+$(STAMP): $(LOCKED_DEPS) pyproject.toml uv.lock
+	@$(PY) -m tests.support.lock --check --who "make install"
+	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
-	@echo "installed into $(VENV): $(VENV)/bin/ca-externalgrpc --version prints $$($(VENV)/bin/ca-externalgrpc --version)"
+	@echo "installed into $(VENV) from the lock (requirements/dev.txt): $(VENV)/bin/ca-externalgrpc --version prints"
+	@$(VENV)/bin/ca-externalgrpc --version | sed 's/^/  /'
+
+# Update the lock after a change of pyproject.toml's dependencies: uv keeps every locked version the
+# ranges still allow and resolves the rest (a few seconds), then writes requirements/. To move
+# everything to the newest versions the ranges allow: make lock LOCK_ARGS=--upgrade (or
+# --upgrade-package NAME).
+lock: $(LOCKED_DEPS)
+	@$(PY) -m tests.support.lock --write $(LOCK_ARGS)
 
 # The native serving engine (native/, Rust): built by maturin into the venv, rebuilt when its sources
 # change. Cargo keeps its downloads in $(HOME)/.cargo and its build in native/target (both reused);
@@ -52,12 +69,13 @@ install: $(STAMP) $(NATIVE_STAMP)
 # The two distributions as wheels in dist/: the server (pure Python) and the native engine (one abi3
 # wheel for CPython >= 3.11, built by maturin with the cargo on PATH; its build reuses native/target).
 # `pip install` of them needs no Rust (docs/operations.md, "Install"); make image takes the native one.
-# Each is rebuilt only when its sources change.
+# Each is rebuilt only when its sources change. Both are built by the lock's tools (setuptools without
+# build isolation, maturin), from the venv make install made.
 SERVER_SOURCES := pyproject.toml README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
 dist/.server-wheel: $(STAMP) $(SERVER_SOURCES)
 	@echo "building the server's wheel into dist/"
 	@rm -f dist/ca_externalgrpc_server-*.whl
-	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir dist .
+	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir dist .
 	@rm -rf build
 	@touch $@
 dist/.native-wheel: $(STAMP) $(NATIVE_SOURCES)
