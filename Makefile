@@ -71,8 +71,12 @@ install: $(STAMP) $(NATIVE_STAMP)
 # `pip install` of them needs no Rust (docs/operations.md, "Install"); make image takes the native one.
 # Each is rebuilt only when its sources change. Both are built by the lock's tools (setuptools without
 # build isolation, maturin), from the venv make install made.
-SERVER_SOURCES := pyproject.toml README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
-dist/.server-wheel: $(STAMP) $(SERVER_SOURCES)
+SERVER_SOURCES := pyproject.toml setup.py README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
+# The server's wheel records the commit it is built from (setup.py; ca-externalgrpc --version): a new
+# commit rebuilds it, through dist/.commit, which changes only when HEAD does.
+HEAD_COMMIT := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+$(shell mkdir -p dist && [ "$$(cat dist/.commit 2>/dev/null)" = "$(HEAD_COMMIT)" ] || echo "$(HEAD_COMMIT)" > dist/.commit)
+dist/.server-wheel: $(STAMP) $(SERVER_SOURCES) dist/.commit
 	@echo "building the server's wheel into dist/"
 	@rm -f dist/ca_externalgrpc_server-*.whl
 	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir dist .
