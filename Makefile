@@ -109,7 +109,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy server providers simulators devstack
+	$(VENV)/bin/mypy server providers simulators devstack deploy/sbom.py
 
 # The one Go build step: every binary declared by a build.toml (tests/support/gobuild.py), rebuilt
 # only when its sources or Go changed. Tests never compile; they fail with "run make build".
