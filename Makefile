@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock release native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -80,7 +80,7 @@ dist/.server-wheel: $(STAMP) $(SERVER_SOURCES) dist/.commit
 	@echo "building the server's wheel into dist/"
 	@rm -f dist/ca_externalgrpc_server-*.whl
 	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir dist .
-	@rm -rf build
+	@rm -rf build ca_externalgrpc_server.egg-info
 	@touch $@
 dist/.native-wheel: $(STAMP) $(NATIVE_SOURCES)
 	@cargo --version > /dev/null 2>&1 || { echo "make wheels: the native engine's wheel needs a working Rust toolchain (cargo on PATH; with rustup, a default toolchain)"; exit 1; }
@@ -196,6 +196,13 @@ IMAGE ?= ca-externalgrpc-server:$(VERSION)
 IMAGE_BASES ?= debian
 image: wheels
 	@$(PY) -m tests.support.imagebuild --image $(IMAGE) --bases $(IMAGE_BASES) $(IMAGE_ARGS)
+
+# A release from a clean commit: make release VERSION=x.y.z checks that every place names x.y.z, that
+# CHANGELOG.md has its entry, the lock and a clean tree, then writes the wheels, the image archive, its
+# bill of materials and SHA256SUMS into dist/release/x.y.z/ (tests/support/release.py;
+# docs/operations.md, "Releases").
+release: install
+	@$(PY) -m tests.support.release --version "$(if $(filter command line,$(origin VERSION)),$(VERSION))" --image $(IMAGE) --bases $(IMAGE_BASES)
 
 # Render the official cluster-autoscaler Helm chart (from the CA module) with deploy/helm's values and
 # every kustomize tree, check what comes out and validate it offline (also part of make test).

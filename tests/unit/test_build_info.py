@@ -95,6 +95,8 @@ def test_a_wheel_records_the_commit_given_or_unknown_without_git(tmp_path: Path)
 @pytest.mark.timeout(300)
 def test_a_wheel_built_in_the_checkout_records_its_head(tmp_path: Path) -> None:
     commit = built_commit(REPO, tmp_path)
+    # What an in-tree build leaves: an egg-info with the version would shadow the installed metadata.
     shutil.rmtree(REPO / "build", ignore_errors=True)
+    shutil.rmtree(REPO / "ca_externalgrpc_server.egg-info", ignore_errors=True)
     assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", commit)
     assert commit.removesuffix("-dirty") == git("rev-parse", "HEAD")
