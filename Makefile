@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock release native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock audit release native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -196,6 +196,13 @@ IMAGE ?= ca-externalgrpc-server:$(VERSION)
 IMAGE_BASES ?= debian
 image: wheels
 	@$(PY) -m tests.support.imagebuild --image $(IMAGE) --bases $(IMAGE_BASES) $(IMAGE_ARGS)
+
+# Known vulnerabilities of the locked runtime and development sets (pip-audit against PyPI's advisory
+# data, else OSV's). Where no advisory source answers it says so in one line and succeeds; a known
+# vulnerability fails it. AUDIT_ARGS='--ignore-vuln ID' accepts one that does not apply
+# (tests/support/audit.py).
+audit: install
+	@$(PY) -m tests.support.audit $(AUDIT_ARGS)
 
 # A release from a clean commit: make release VERSION=x.y.z checks that every place names x.y.z, that
 # CHANGELOG.md has its entry, the lock and a clean tree, then writes the wheels, the image archive, its
