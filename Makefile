@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock audit release native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -203,6 +203,11 @@ image: wheels
 # (tests/support/audit.py).
 audit: install
 	@$(PY) -m tests.support.audit $(AUDIT_ARGS)
+
+# Two image builds from fresh clones of HEAD, a few minutes apart, without podman's layer cache: the same
+# packages, versions and hashes, or a list of what differs (tests/support/reproduce.py; about 10 min).
+reproduce: install
+	@$(PY) -m tests.support.reproduce $(REPRODUCE_ARGS)
 
 # A release from a clean commit: make release VERSION=x.y.z checks that every place names x.y.z, that
 # CHANGELOG.md has its entry, the lock and a clean tree, then writes the wheels, the image archive, its
