@@ -96,8 +96,8 @@ def check(version: str) -> None:
         raise ReleaseError(f"VERSION={version or '(none)'} is not x.y.z: make release VERSION=0.2.0")
     if mismatches := version_mismatches(version):
         raise ReleaseError(
-            f"not every place names {version} ({'; '.join(mismatches)}): set it there (tests/unit/test_version.py "
-            "lists them), run make lock, add a CHANGELOG.md entry and commit"
+            f"not every place names {version} ({'; '.join(mismatches)}): set it there (VERSION_PLACES in "
+            "tests/support/release.py lists them), run make lock, add a CHANGELOG.md entry and commit"
         )
     if not CHANGELOG.is_file() or not changelog_entry(version, CHANGELOG.read_text()):
         raise ReleaseError(f"CHANGELOG.md has no entry for {version}: add '## [{version}] - <date>' with what changed")
