@@ -1,9 +1,9 @@
 """``make reproduce``: two image builds from fresh clones of HEAD, minutes apart, install the same packages.
 
-Each build clones the repository's HEAD into the same folder (a clean clone: nothing of this
-checkout's .venv, dist/ or caches), runs ``make image`` there with podman's layer cache off
-(``--no-cache``: every pip download of the builder happens again), and the next one starts
-``--gap`` seconds after the first ended. Then, for each image:
+Each build clones the repository into the same folder and checks out the commit HEAD was at the
+start (a clean clone: nothing of this checkout's .venv, dist/ or caches), runs ``make image`` there
+with podman's layer cache off (``--no-cache``: every pip download of the builder happens again), and
+the next one starts ``--gap`` seconds after the first ended. Then, for each image:
 
 - the bill of materials it carries: every component's ecosystem, name, version and hashes (the
   SHA-256 of each wheel installed, each crate's crates.io checksum; Debian packages by version);
@@ -73,13 +73,11 @@ def differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     return lines
 
 
-def build(number: int, workdir: Path) -> tuple[dict[str, Any], dict[str, Any], float]:
+def build(number: int, workdir: Path, commit: str) -> tuple[dict[str, Any], dict[str, Any], float]:
     source = workdir / "src"
     shutil.rmtree(source, ignore_errors=True)
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(source)], check=True)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    subprocess.run(["git", "checkout", "--quiet", "--detach", commit], cwd=source, check=True)
     image = f"localhost/ca-externalgrpc-server:reproduce-{number}"
     sbom = workdir / f"sbom-{number}.cdx.json"
     log(f"build {number}: a fresh clone of {commit} in {source}; make image --no-cache into {image}")
@@ -107,11 +105,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR, help="where the clones are made")
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    first_bom, first_installed, first_seconds = build(1, args.workdir)
+    # One commit for both builds, whatever is committed in between.
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    first_bom, first_installed, first_seconds = build(1, args.workdir, commit.stdout.strip())
     ended = time.strftime("%H:%M:%S")
     log(f"build 1 took {first_seconds:.0f} s, ended {ended}; the next starts in {args.gap:.0f} s")
     time.sleep(args.gap)
-    second_bom, second_installed, second_seconds = build(2, args.workdir)
+    second_bom, second_installed, second_seconds = build(2, args.workdir, commit.stdout.strip())
     log(f"build 2 took {second_seconds:.0f} s, ended {time.strftime('%H:%M:%S')}")
     sets = package_set(first_bom), package_set(second_bom)
     by_ecosystem: dict[str, int] = {}
