@@ -32,8 +32,6 @@ $(STAMP): $(LOCKED_DEPS) pyproject.toml uv.lock
 	@$(PY) -m tests.support.lock --check --who "make install"
 	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
-	@echo "installed into $(VENV) from the lock (requirements/dev.txt): $(VENV)/bin/ca-externalgrpc --version prints"
-	@$(VENV)/bin/ca-externalgrpc --version | sed 's/^/  /'
 
 # Update the lock after a change of pyproject.toml's dependencies: uv keeps every locked version the
 # ranges still allow and resolves the rest (a few seconds), then writes requirements/. To move
@@ -63,6 +61,8 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	@echo "building the native serving engine (native/) with cargo; progress below"
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --manifest-path native/Cargo.toml
 	@touch $(NATIVE_STAMP)
+	@echo "installed into $(VENV) from the lock (requirements/dev.txt): $(VENV)/bin/ca-externalgrpc --version prints"
+	@$(VENV)/bin/ca-externalgrpc --version | sed 's/^/  /'
 
 install: $(STAMP) $(NATIVE_STAMP)
 
