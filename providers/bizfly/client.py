@@ -40,7 +40,7 @@ CLOUD = "bizfly"
 API_KUBERNETES_ENGINE = CLOUD
 API_TOKEN = f"{CLOUD}-token"
 API_CATALOG = f"{CLOUD}-catalog"
-USER_AGENT = "ca-externalgrpc-server/0.1 (bizfly)"
+USER_AGENT = "ca-externalgrpc-server/0.2 (bizfly)"
 KUBERNETES_ENGINE_SERVICE = "kubernetes_engine"
 # Endpoint names for metrics and messages. The Kubernetes Engine paths (/_/{cluster}/{pool}/{node})
 # say little to a person reading a dashboard, so each call is named after what it reads or writes.

@@ -29,7 +29,7 @@ from providers.scaleway.config import ScalewayConfig
 
 log = logging.getLogger(__name__)
 
-PROJECT_USER_AGENT = "ca-externalgrpc-server/0.1.0"
+PROJECT_USER_AGENT = "ca-externalgrpc-server/0.2.0"
 PAGE_SIZE = 100
 # A listing longer than this many pages is a cloud bug or a moving target, not a cluster.
 MAX_PAGES = 500
