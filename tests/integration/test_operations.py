@@ -44,7 +44,7 @@ def worked(tmp_path_factory):
             stack.target(GENERAL)
             stack.instances(GENERAL)
             stack.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=GENERAL, delta=1), timeout=5)
-            pid = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL))[0]
+            pid = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL) if n.provider_id)[0]
             stack.stub.NodeGroupDeleteNodes(
                 pb.NodeGroupDeleteNodesRequest(id=GENERAL, nodes=[pb.ExternalGrpcNode(providerID=pid)]), timeout=5
             )
@@ -217,7 +217,7 @@ def test_status_command_prints_groups_sizes_and_backend_health(worked):
     assert general[1:5] == ["scw", "1", "4", "2"]  # 2 + 1 increased - 1 deleted
     assert general[-3].endswith("s")  # snapshot age
     assert general[-2] == "cloud"  # the template's source: no override, nothing learned
-    assert "backend scw: SERVING (snapshot age" in status.stdout
+    assert "backend scw (scaleway): healthy, serving, 3 group(s), snapshot age " in status.stdout
 
 
 def test_the_metrics_reference_documents_exactly_the_families_the_server_exports(worked):
