@@ -118,6 +118,12 @@ class GrpcioEngine:
         connections (the caller stops it)."""
         old = self.server
         new = self._new_server(options)
+        if self._ipv4_only is not None:
+            # The guard again, after the listening socket: a socket without SO_REUSEPORT bound last makes the
+            # kernel check the next bind in full, so the new server's try at [::] meets the guard and falls
+            # back to IPv4 (checked against the first server's socket alone, it would take [::] dual-stack).
+            self._ipv4_only.close()
+            self._ipv4_only = ipv4_only_guard(self._address.rsplit(":", 1)[0], self.port)
         if self._add_port(new, self._address, self._credentials) != self.port:
             raise OSError(f"cannot listen on {self._address} again to send the connections away")
         new.start()

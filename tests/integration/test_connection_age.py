@@ -6,6 +6,7 @@ lead does with the connections it holds and accepts (``Engine.follow`` and ``lea
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -150,3 +151,29 @@ def test_calls_go_on_without_an_error_across_the_age_goaways(tmp_path: Path, eng
         print(f"\n{engine}: {calls} calls on {len(ports)} connections, {failures} failed")
         assert len(ports) >= 4, "the connection did not age out"
         assert failures == 0
+
+
+def _ipv6_connects(port: int) -> bool:
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("::1", port)) == 0
+
+
+def test_grpcio_on_0_0_0_0_stays_ipv4_only_across_its_server_swaps(tmp_path: Path) -> None:
+    # The grpcio engine sends connections away by starting a second server on the port; on 0.0.0.0 that
+    # server must not take [::] dual-stack where the first one listened on IPv4 alone.
+    serving = {"engine": "grpcio"}
+    extra = {"listen": "0.0.0.0:0", "allow_plaintext_non_loopback": True, "serving": serving}
+    with running_stack(tmp_path, scaleway=demo_scenario(), server_extra=extra) as stack:
+        engine, port = stack.server.engine, stack.server.port
+        assert not _ipv6_connects(port), "IPv6 answered before any swap"
+        engine.drop_connections(1.0)
+        assert not _ipv6_connects(port), "IPv6 answered after drop_connections"
+        engine.follow(0.2, 0.5, 0.5)
+        time.sleep(0.6)
+        assert not _ipv6_connects(port), "IPv6 answered once the follower's server took the port"
+        engine.lead()
+        assert not _ipv6_connects(port), "IPv6 answered once the leader's server took the port back"
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        pb_grpc.CloudProviderStub(channel).NodeGroups(pb.NodeGroupsRequest(), timeout=5)
+        channel.close()
