@@ -44,6 +44,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from devstack.clouds import BIZFLY_REGION, bizfly_in_tree_env
 from devstack.container import default_image, image_problem
 from devstack.harness import SCW_SECRET
 from simulators.bizfly import BizflySimulator
@@ -56,7 +57,7 @@ from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
 from tests.e2e.processes import ManagedProcess
 from tests.support.gobuild import GoBuildError, binary_path
 from tests.support.https_intercept import BIZFLY_PRODUCTION_HOST, InterceptingProxy
-from tests.support.nodeimages import CLUSTER_AUTOSCALER, PAUSE
+from tests.support.nodeimages import CLUSTER_AUTOSCALER, PAUSE, crds_problem
 from tests.support.nodeimages import image_problem as node_image_problem
 
 #: the taint every simulated machine's Node carries: only the scenarios' workloads tolerate it
@@ -96,6 +97,7 @@ def image_problems() -> list[str]:
     """Why the images the node runs are not ready (``make image``, ``make node-images``), if they are not."""
     found = [image_problem(default_image())]
     found += [node_image_problem(image) for image in (CLUSTER_AUTOSCALER, PAUSE)]
+    found.append(crds_problem())
     return [problem for problem in found if problem]
 
 
@@ -141,6 +143,8 @@ class NodeEnvironment(E2EEnvironment):
             scenario=self.layout.scaleway_scenario(), clock=self.clock, secret_key=SCW_SECRET
         ).start()
         self.bizfly = BizflySimulator(scenario=self.layout.bizfly_scenario(), clock=self.clock).start()
+        # As the real one, its service catalog names the production host (which the proxy answers for).
+        self.bizfly.catalog_base_url = f"https://{BIZFLY_PRODUCTION_HOST}"
         self.proxy = InterceptingProxy(
             {
                 SCALEWAY_PRODUCTION_HOST: ("127.0.0.1", self.scaleway.port),
@@ -291,9 +295,11 @@ class NodeEnvironment(E2EEnvironment):
             return {
                 "SCW_SECRET_KEY": self.scw.secret_key,
                 "CLUSTER_ID": self.scw.cluster_id,
-                "SCW_REGION": "fr-par",
+                "SCW_REGION": self.scw.region,
                 **way,
             }
+        if cloud == "bizfly":
+            return {**bizfly_in_tree_env(self.bz), "BIZFLYCLOUD_REGION": BIZFLY_REGION, **way}
         raise ValueError(f"no credentials for {cloud!r}")
 
     def create_credentials_secret(self, cloud: str = "scaleway", namespace: str = NAMESPACE) -> None:

@@ -19,20 +19,24 @@ The images are the ones the layouts name (node_cluster.py imports ours and the C
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.deploy.chart import CA_1_36_1, SIDECAR_FEATURES_VALUES, SIDECAR_VALUES, chart_dir, chart_version
+from tests.deploy.chart import CA_1_36_1, SIDECAR_FEATURES_VALUES, SIDECAR_VALUES, VALUES_DIR, chart_dir, chart_version
 from tests.deploy.rendering import KUBERNETES
 from tests.e2e.autoscaler import BASE_FLAGS
-from tests.e2e.environment import ScenarioTiming, measure, measure_removal
+from tests.e2e.environment import DELETE_ROUTES, RESIZE_ROUTES, ScenarioTiming, measure, measure_removal
+from tests.e2e.node_certificates import certificate_names, install_crds, issue
 from tests.e2e.node_cluster import NAMESPACE, SIMULATED_TAINT, NodeEnvironment, PodLog
+from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, machines, pool_size
 
 #: the CA flags every e2e scenario shortens (tests/e2e/autoscaler.py), nothing else
 CA_TIMING_FLAGS = {
@@ -47,13 +51,13 @@ CA_TIMING_FLAGS = {
         "max-node-provision-time",
     )
 }
-SCW_POOL_LABEL = "k8s.scaleway.com/pool-name"
 TOLERATE_SIMULATED = {"key": SIMULATED_TAINT["key"], "operator": "Exists", "effect": SIMULATED_TAINT["effect"]}
 #: the CA's pod in every layout (the chart's labels; the kustomize base's)
 CA_SELECTOR = "app.kubernetes.io/name=cluster-autoscaler"
 #: the server's own pods in the mTLS layouts
 SERVER_SELECTOR = "app.kubernetes.io/name=ca-externalgrpc-server"
 #: the features the sidecar layouts can switch on (leader election is for the separate server only)
+MTLS_VALUES = VALUES_DIR / "values-mtls-service.yaml"
 SIDECAR_FEATURES = {"learned_templates": {"enabled": True}, "journal": {"enabled": True}, "events": {"enabled": True}}
 
 
@@ -141,7 +145,7 @@ def operator_overlay(env: NodeEnvironment, base: str, *, features: bool = False,
     kustomization: dict[str, Any] = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [str(KUBERNETES / base)],
+        "resources": [os.path.relpath(KUBERNETES / base, directory)],
         "patches": [
             {
                 "target": {"kind": "Deployment", "name": "cluster-autoscaler"},
@@ -157,7 +161,7 @@ def operator_overlay(env: NodeEnvironment, base: str, *, features: bool = False,
     if features:
         shipped = yaml.safe_load((KUBERNETES / base / "config.yaml").read_text())
         (directory / "config.yaml").write_text(yaml.safe_dump({**shipped, "kubernetes": SIDECAR_FEATURES}))
-        kustomization["components"] = [str(KUBERNETES / "components" / "kubernetes-features")]
+        kustomization["components"] = [os.path.relpath(KUBERNETES / "components" / "kubernetes-features", directory)]
         kustomization["configMapGenerator"] = [
             {"name": "ca-externalgrpc-config", "behavior": "replace", "files": ["config.yaml"]}
         ]
@@ -177,10 +181,10 @@ def apply_overlay(env: NodeEnvironment, layout: str, overlay: Path, deployed: De
     return deployed
 
 
-def deploy_sidecar_overlay(env: NodeEnvironment, features: bool = False) -> Deployed:
-    env.create_credentials_secret()
-    overlay = operator_overlay(env, "overlays/scaleway", features=features)
-    layout = "kustomize: overlays/scaleway" + (" + components/kubernetes-features" if features else "")
+def deploy_sidecar_overlay(env: NodeEnvironment, features: bool = False, cloud: str = "scaleway") -> Deployed:
+    env.create_credentials_secret(cloud)
+    overlay = operator_overlay(env, f"overlays/{cloud}", features=features)
+    layout = f"kustomize: overlays/{cloud}" + (" + components/kubernetes-features" if features else "")
     deployed = apply_overlay(env, layout, overlay)
     deployed.features = features
     return deployed
@@ -196,32 +200,36 @@ def ca_log(env: NodeEnvironment) -> PodLog:
     return PodLog(env, ca_pod(env), "cluster-autoscaler")
 
 
-def scale_up_and_down(env: NodeEnvironment, deployed: Deployed) -> tuple[ScenarioTiming, ScenarioTiming]:
-    """A pending pod makes the CA grow the Scaleway pool by one machine through our server; once the pod is
-    gone the CA removes that node again. The two timings, checked against the cloud and the CA's log."""
+def scale_up_and_down(
+    env: NodeEnvironment, deployed: Deployed, cloud: str = "scaleway"
+) -> tuple[ScenarioTiming, ScenarioTiming]:
+    """A pending pod makes the CA grow the cloud's pool "general" by one machine through our server; once
+    the pod is gone the CA removes that node again. The two timings, checked against the cloud and the
+    CA's log."""
     log = ca_log(env)
-    (first,) = env.scaleway_nodes("general")
-    env.create_pod("filler", cpu="2", node_name=first["name"], tolerations=[TOLERATE_SIMULATED])
+    (first,) = machines(env, cloud, "general")
+    env.create_pod("filler", cpu=FILLER_CPU[cloud], node_name=first["name"], tolerations=[TOLERATE_SIMULATED])
     env.wait_pod_running("filler", 30)
     created = env.create_pod(
-        "app", cpu="2", node_selector={SCW_POOL_LABEL: "general"}, tolerations=[TOLERATE_SIMULATED]
+        "app", cpu=APP_CPU[cloud], node_selector={POOL_LABEL[cloud]: "general"}, tolerations=[TOLERATE_SIMULATED]
     )
     pod = env.wait_pod_running("app", 120)
-    up = measure(env, f"{deployed.layout}: scale-up", "app", created, "scaleway")
-    resizes = env.cloud_requests("scaleway", "update_pool", since=created)
-    assert [r.body for r in resizes] == [{"size": 2}], resizes
-    (new,) = [n for n in env.scaleway_nodes("general") if n["id"] != first["id"]]
+    up = measure(env, f"{deployed.layout}: scale-up", "app", created, cloud)
+    assert len(env.cloud_requests(cloud, RESIZE_ROUTES[cloud], since=created)) == 1
+    assert pool_size(env, cloud, "general") == 2
+    (new,) = [m for m in machines(env, cloud, "general") if m["id"] != first["id"]]
     assert pod.spec.node_name == new["name"]
-    group = env.scaleway_pool("general")["id"]
+    group = env.scaleway_pool("general")["id"] if cloud == "scaleway" else env.bizfly_pool("general")["id"]
     assert log.matching(rf"^Scale-up: setting group {group} size to 2", since=created), "the CA did not decide it"
 
     emptied = env.delete_pod_at("app")
     env.wait_for(lambda: new["name"] not in env.nodes(), 180, f"node {new['name']} removed")
     down = measure_removal(env, f"{deployed.layout}: scale-down", {new["name"]}, emptied)
-    deletes = env.cloud_requests("scaleway", "delete_node", since=emptied)
-    assert [r.path.rsplit("/", 1)[-1] for r in deletes] == [new["id"]], deletes
+    assert len(env.cloud_requests(cloud, DELETE_ROUTES[cloud], since=emptied)) == 1
+    assert [m["id"] for m in machines(env, cloud, "general")] == [first["id"]]
     assert log.matching(rf'^Scale-down: removing empty node "{new["name"]}"', since=emptied)
-    assert not log.provider_errors(since=deployed.applied_at), log.provider_errors(since=deployed.applied_at)
+    errors = log.provider_errors(since=created)
+    assert not errors, [e.message[:160] for e in errors[:5]]
     env.core.delete_namespaced_pod("filler", "default", grace_period_seconds=0)
     return up, down
 
@@ -276,8 +284,6 @@ def stop_order(env: NodeEnvironment, ids: dict[str, str]) -> StopOrder:
 
 
 def _rfc3339(stamp: str) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(re.sub(r"(\.\d{6})\d*", r"\1", stamp).replace("Z", "+00:00")).timestamp()
 
 
@@ -304,3 +310,107 @@ def delete_pod_and_watch(env: NodeEnvironment, pod: Any, timeout: float = 60) ->
 
 def _container_names(pod: Any) -> list[str]:
     return [c.name for c in [*(pod.spec.init_containers or []), *pod.spec.containers]]
+
+
+# ------------------------------------------------------------------------------------------ mTLS
+MTLS_SERVER_ACCOUNT = "system:serviceaccount:kube-system:ca-externalgrpc-server"
+
+
+def wait_leader_ready(env: NodeEnvironment, timeout: float = 180) -> list[Any]:
+    """The two server replicas running, exactly one Ready (the leader; a follower fails /readyz)."""
+
+    def settled() -> list[Any]:
+        pods = [p for p in env.pods(SERVER_SELECTOR) if p.metadata.deletion_timestamp is None]
+        running = [p for p in pods if p.status.phase == "Running"]
+        ready = [p for p in running if _ready(p)]
+        return pods if len(running) == 2 and len(ready) == 1 else []
+
+    return env.wait_for(settled, timeout, "two server replicas running, the leader Ready")
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def leader_pod(env: NodeEnvironment) -> Any:
+    (pod,) = [p for p in env.pods(SERVER_SELECTOR) if p.metadata.deletion_timestamp is None and _ready(p)]
+    return pod
+
+
+def deploy_server_mtls(env: NodeEnvironment, deployed: Deployed, overlay: Path) -> Deployed:
+    """cert-manager's CRDs, ``kubectl apply -k`` of ``overlay``, the Certificates issued, the leader Ready."""
+    install_crds(env.kubectl)
+    deployed.applied_at = time.time()
+    env.kubectl("apply", "-k", str(overlay))
+    issued = issue(env.api, NAMESPACE)
+    assert sorted(issued) == sorted(certificate_names(KUBERNETES / "server-mtls" / "certificates.yaml")), issued
+    wait_leader_ready(env)
+    return deployed
+
+
+def deploy_mtls_chart(env: NodeEnvironment) -> Deployed:
+    """The server as values-mtls-service.yaml's comment says: server-mtls applied first, then the chart."""
+    env.create_credentials_secret()
+    deployed = Deployed(
+        "helm: values-mtls-service.yaml + kustomize server-mtls",
+        server_selector=SERVER_SELECTOR,
+        server_replicas=2,
+        server_account=MTLS_SERVER_ACCOUNT,
+        features=True,
+    )
+    deploy_server_mtls(env, deployed, KUBERNETES / "server-mtls")
+    env.helm(
+        "install",
+        "cluster-autoscaler",
+        str(chart_dir(CA_1_36_1)),
+        "--namespace",
+        NAMESPACE,
+        "-f",
+        str(MTLS_VALUES),
+        *timing_args(),
+    )
+    env.wait_pods_ready(CA_SELECTOR, 1, 180)
+    deployed.ready_seconds = time.time() - deployed.applied_at
+    return deployed
+
+
+def deploy_mtls_overlay(env: NodeEnvironment) -> Deployed:
+    env.create_credentials_secret()
+    deployed = Deployed(
+        "kustomize: overlays/mtls-service",
+        server_selector=SERVER_SELECTOR,
+        server_replicas=2,
+        server_account=MTLS_SERVER_ACCOUNT,
+        features=True,
+    )
+    deploy_server_mtls(env, deployed, operator_overlay(env, "overlays/mtls-service"))
+    env.wait_pods_ready(CA_SELECTOR, 1, 180)
+    deployed.ready_seconds = time.time() - deployed.applied_at
+    return deployed
+
+
+# ------------------------------------------------------------------------------------------ restarts
+def rolling_restart(env: NodeEnvironment, deployed: Deployed) -> float:
+    """``kubectl rollout restart`` of the server's Deployment; seconds until the new server pod(s) serve
+    the CA again (Ready, and a CA loop with no provider error after it)."""
+    deployment = "cluster-autoscaler" if deployed.sidecar else "ca-externalgrpc-server"
+    before = {p.metadata.uid for p in env.pods(deployed.server_selector)}
+    started = time.time()
+    env.kubectl("-n", NAMESPACE, "rollout", "restart", f"deployment/{deployment}")
+
+    def replaced() -> bool:
+        pods = [p for p in env.pods(deployed.server_selector) if p.metadata.deletion_timestamp is None]
+        fresh = [p for p in pods if p.metadata.uid not in before]
+        return len(fresh) == len(pods) == deployed.server_replicas and (
+            all(_ready(p) for p in fresh) if deployed.sidecar else sum(_ready(p) for p in fresh) == 1
+        )
+
+    env.wait_for(replaced, 240, f"{deployment} replaced and Ready")
+    log = ca_log(env)
+
+    def serving() -> bool:
+        loops = log.loops(since=started)
+        return len(loops) >= 2 and not log.provider_errors(since=loops[-2].at)
+
+    env.wait_for(serving, 120, "a CA loop without provider error after the restart")
+    return time.time() - started

@@ -13,14 +13,22 @@ the Go build step (``make build``), since no image registry is reachable:
 Each image is labelled with the SHA-256 of the binary it holds; ``image_problem`` tells a test that an
 image is missing or holds another build ("run make node-images"). Building is a build step, never a
 test's.
+
+It also fetches what the mTLS layout needs of cert-manager: the CustomResourceDefinitions of its
+``Issuer`` and ``Certificate``, from the cert-manager Go module at ``CERT_MANAGER_VERSION`` (``go mod
+download``, its hash checked against ``CERT_MANAGER_SUM``), into ``cert_manager_crds()``. (cert-manager's
+controller itself is not on the Go module proxy: its main packages are separate modules whose paths the
+proxy refuses; the node scenarios issue the layout's Certificates themselves, tests/e2e/node_certificates.py.)
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +38,7 @@ from functools import cache
 from pathlib import Path
 
 from devstack.container import PodmanError, podman
-from tests.support.gobuild import GoBuildError, binary_path
+from tests.support.gobuild import GoBuildError, binary_path, build_env, go_binary
 from tests.support.imagebuild import DEFAULT_CACHE_DIR, ImageBuildError, check_prerequisites, debian_bases
 
 #: the image label holding the SHA-256 of the binary inside
@@ -70,6 +78,55 @@ def _sha256(path: Path, mtime: float) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager"
+CERT_MANAGER_VERSION = "v1.21.2"
+CERT_MANAGER_SUM = "h1:UWgoYM+KLNtRlqmoWOKjKBOBUPVHeepQ6/ac3ERJW68="
+#: the kinds the mTLS layout uses (deploy/kubernetes/server-mtls/certificates.yaml)
+CERT_MANAGER_CRDS = ("cert-manager.io_issuers.yaml", "cert-manager.io_certificates.yaml")
+
+
+def cert_manager_crds(cache_dir: Path | None = None) -> Path:
+    """Where ``make node-images`` keeps cert-manager's CRDs (the files of ``CERT_MANAGER_CRDS``)."""
+    base = cache_dir or Path(os.environ.get("IMAGE_CACHE_DIR") or DEFAULT_CACHE_DIR)
+    return base / f"cert-manager-{CERT_MANAGER_VERSION}-crds"
+
+
+def crds_problem() -> str | None:
+    missing = [name for name in CERT_MANAGER_CRDS if not (cert_manager_crds() / name).is_file()]
+    return f"cert-manager's CRDs are not in {cert_manager_crds()}: run make node-images" if missing else None
+
+
+def fetch_cert_manager_crds(cache_dir: Path) -> None:
+    target = cert_manager_crds(cache_dir)
+    if all((target / name).is_file() for name in CERT_MANAGER_CRDS):
+        print(f"make node-images: cert-manager {CERT_MANAGER_VERSION} CRDs are in {target}", flush=True)
+        return
+    go = go_binary()
+    with tempfile.TemporaryDirectory(prefix="ca-externalgrpc-cert-manager-") as directory:
+        done = subprocess.run(
+            [go, "mod", "download", "-json", f"{CERT_MANAGER_MODULE}@{CERT_MANAGER_VERSION}"],
+            cwd=directory,
+            env=build_env(go, with_module_proxy=False),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise ImageBuildError(
+            f"go mod download {CERT_MANAGER_MODULE}@{CERT_MANAGER_VERSION} failed: {done.stdout}{done.stderr}"
+        )
+    module = json.loads(done.stdout)
+    if module.get("Sum") != CERT_MANAGER_SUM:
+        raise ImageBuildError(
+            f"{CERT_MANAGER_MODULE}@{CERT_MANAGER_VERSION} hashes to {module.get('Sum')}, not {CERT_MANAGER_SUM}"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    for name in CERT_MANAGER_CRDS:
+        shutil.copyfile(Path(module["Dir"]) / "deploy" / "crds" / name, target / name)
+    print(f"make node-images: cert-manager {CERT_MANAGER_VERSION} CRDs copied to {target}", flush=True)
 
 
 def binary_digest(image: NodeImage) -> str:
@@ -131,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"make node-images: built {image.name} ({image.binary})", flush=True)
             else:
                 print(f"make node-images: {image.name} is up to date", flush=True)
+        fetch_cert_manager_crds(args.cache_dir)
     except (GoBuildError, ImageBuildError, PodmanError) as err:
         print(f"make node-images: {err}", file=sys.stderr)
         return 1
