@@ -531,13 +531,15 @@ class Node:
         meta = pod.metadata
         return self.root / "var" / "log" / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid}"
 
-    def container_log(self, pod: Any, container: str) -> list[LogLine]:
-        """Every line the container wrote, over all its restarts, oldest first (the CRI log files)."""
+    def container_log(self, pod: Any, container: str, restart: int | None = None) -> list[LogLine]:
+        """Every line the container wrote, over all its restarts (or in its ``restart``-th run only), oldest
+        first (the CRI log files)."""
         directory = self.pod_log_dir(pod) / container
         lines: list[LogLine] = []
         if not directory.is_dir():
             return lines
-        for path in sorted(directory.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1):
+        files = sorted(directory.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+        for path in [f for f in files if restart is None or f.stem == str(restart)]:
             with contextlib.suppress(OSError):
                 lines += [parse_cri_line(line) for line in path.read_text(errors="replace").splitlines() if line]
         return lines

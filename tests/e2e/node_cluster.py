@@ -342,13 +342,13 @@ class PodLog(AutoscalerLog):
     """The JSON lines of one container (its CRI log on the node): the CA's, read as ``AutoscalerLog`` reads
     the CA process's file; also our server's."""
 
-    def __init__(self, env: NodeEnvironment, pod: Any, container: str) -> None:
+    def __init__(self, env: NodeEnvironment, pod: Any, container: str, restart: int | None = None) -> None:
         super().__init__(env.workdir / "unused")
-        self.env, self.pod, self.container = env, pod, container
+        self.env, self.pod, self.container, self.restart = env, pod, container, restart
 
     def entries(self, since: float = 0.0) -> list[LogEntry]:
         out = []
-        for line in self.env.real_node.container_log(self.pod, self.container):
+        for line in self.env.real_node.container_log(self.pod, self.container, self.restart):
             if not line.text.startswith("{"):
                 continue
             try:
