@@ -555,11 +555,12 @@ class Node:
         return sorted(pids)
 
     def container_file(self, container_id: str, path: str) -> bytes:
-        """A file as the container sees it (through /proc/<pid>/root), e.g. its ServiceAccount token."""
+        """A file as the container sees it, e.g. its ServiceAccount token: read through
+        /proc/<pid>/root, with symlinks resolved inside the container (the image's /var/run -> /run)."""
         pids = self.container_pids(container_id)
         if not pids:
             raise FileNotFoundError(f"container {container_id} has no process")
-        return (Path(f"/proc/{pids[0]}/root") / path.lstrip("/")).read_bytes()
+        return inside_root(Path(f"/proc/{pids[0]}/root"), path).read_bytes()
 
     def kill_container(self, container_id: str, sig: signal.Signals = signal.SIGKILL) -> list[int]:
         pids = self.container_pids(container_id)
@@ -601,6 +602,28 @@ class Node:
             if self.leftovers:
                 self.say("the node left behind:\n  " + "\n  ".join(self.leftovers))
         HostState.clear()
+
+
+def inside_root(root: Path, path: str) -> Path:
+    """``path`` under ``root`` as a process whose root that is sees it: absolute symlinks lead back to
+    ``root``, never to this machine's own tree."""
+    current, parts, hops = root, [p for p in path.split("/") if p], 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            current = current.parent if current != root else root
+            continue
+        candidate = current / part
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise FileNotFoundError(f"too many symlinks in {path}")
+            target = os.readlink(candidate)
+            parts = [p for p in target.split("/") if p] + parts
+            current = root if target.startswith("/") else current
+        else:
+            current = candidate
+    return current
 
 
 @dataclass(frozen=True)
