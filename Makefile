@@ -79,7 +79,10 @@ protos-check: install
 # The demo: our server in front of both simulated clouds. Other ports: make run LISTEN=... HTTP_LISTEN=...
 LISTEN ?= 127.0.0.1:8086
 HTTP_LISTEN ?= 127.0.0.1:8087
-run: install
+# Without Rust (no working cargo) the native engine is left out and the demo serves on grpcio, saying so
+# in the same one line at start as a pip install of the server's wheel alone.
+run: $(STAMP)
+	@if cargo --version > /dev/null 2>&1; then $(MAKE) --no-print-directory $(NATIVE_STAMP); fi
 	@$(PY) -m devstack --listen $(LISTEN) --http-listen $(HTTP_LISTEN)
 
 lint: install

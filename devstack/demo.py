@@ -8,6 +8,8 @@ demo credentials written into the generated configuration.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 from dataclasses import dataclass
 
@@ -76,6 +78,16 @@ def example_group(running: RunningServer) -> str | None:
     return max(groups, key=lambda g: (len(g.instances), g.target_size)).id
 
 
+def grpcurl_command() -> str | None:
+    """``grpcurl`` when it is on PATH, else the one ``make build`` made (its full path), else None."""
+    if shutil.which("grpcurl") is not None:
+        return "grpcurl"
+    from tests.support.gobuild import bin_dir  # the one place that knows where make build puts it
+
+    built = bin_dir() / "grpcurl"
+    return shlex.quote(str(built)) if built.is_file() and os.access(built, os.X_OK) else None
+
+
 def banner(demo: Demo) -> str:
     running = demo.running
     address = running.address
@@ -91,13 +103,17 @@ def banner(demo: Demo) -> str:
         f"  {CLI} status --address {address}",
     ]
     example = example_group(running)
-    if shutil.which("grpcurl") is None:
-        lines.append("  (grpcurl is not on PATH; the README says how to install it)")
+    grpcurl = grpcurl_command()
+    if grpcurl is None:
+        lines.append(
+            "  (grpcurl is not on PATH and make build has not built it: run make build, or install it as the "
+            "README says)"
+        )
     else:
-        lines.append(f"  grpcurl -plaintext {address} {SERVICE}/NodeGroups")
+        lines.append(f"  {grpcurl} -plaintext {address} {SERVICE}/NodeGroups")
         if example is not None:
             request = f'\'{{"id": "{example}"}}\''
-            lines.append(f"  grpcurl -plaintext -d {request} {address} {SERVICE}/NodeGroupNodes")
+            lines.append(f"  {grpcurl} -plaintext -d {request} {address} {SERVICE}/NodeGroupNodes")
     if http and shutil.which("curl") is not None:
         lines.append(f"  curl -s http://{http}/readyz")
     lines.append("Stop with Ctrl-C.")

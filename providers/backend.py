@@ -34,7 +34,9 @@ from providers.cloud import CloudAdapter
 from providers.deadline import RESPONSE_MARGIN, Deadline
 from providers.errors import (
     ChangeOutcomeUnknown,
+    CloudAuthFailed,
     CloudOutcomeUnknown,
+    CloudRequestRejected,
     CloudUnavailable,
     DeadlineTooShort,
     DomainError,
@@ -121,17 +123,64 @@ class Snapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """What a failed sync means for the operator (server/diagnosis.py builds the per-cloud advice)."""
+
+    kind: str  # credentials, not_found, rejected, unreachable
+    check: str  # the settings to check, named as the operator finds them
+
+
+#: the kinds of failure that no retry cures: the cloud refused this backend's configuration
+REFUSED = ("credentials", "not_found", "rejected")
+KIND_WORDS = {
+    "credentials": "the cloud refused the credentials",
+    "not_found": "the cloud does not know the cluster",
+    "rejected": "the cloud refused the listing",
+    "unreachable": "the cloud did not answer",
+}
+
+
+def _default_diagnosis(err: BaseException) -> Diagnosis:
+    if isinstance(err, CloudAuthFailed):
+        return Diagnosis("credentials", "the backend's credentials")
+    if isinstance(err, CloudRequestRejected):
+        return Diagnosis("not_found" if err.status == 404 else "rejected", "the cluster id and region")
+    return Diagnosis("unreachable", "the network path to the cloud API")
+
+
+@dataclass(frozen=True, slots=True)
 class SyncHealth:
     synced: bool
     age: float | None  # seconds since the last good snapshot finished
     stale: bool  # older than max_staleness
     last_error: str
     consecutive_failures: int
+    kind: str = ""  # the last failure's kind (Diagnosis.kind), empty after a good sync
+    check: str = ""  # what to check for it
 
     @property
     def serving(self) -> bool:
         """The backend serves its groups: it has synced and is within its staleness bound."""
         return self.synced and not self.stale
+
+    @property
+    def refused(self) -> bool:
+        """The cloud's last answer refused this backend's configuration (credentials, cluster, region)."""
+        return self.consecutive_failures > 0 and self.kind in REFUSED
+
+    @property
+    def usable(self) -> bool:
+        """Serving, and not refused by the cloud: its snapshot can still become fresh."""
+        return self.serving and not self.refused
+
+    def problem(self, name: str) -> str:
+        """One line for Refresh's answer, /readyz and ``status``: what is wrong and what to check."""
+        if not self.synced and not self.consecutive_failures:
+            return f"backend {name!r}: the first sync with the cloud has not finished yet"
+        what = KIND_WORDS.get(self.kind, "the cloud sync failed")
+        when = "has never synced" if not self.synced else f"last synced {self.age or 0:.0f}s ago"
+        check = f"; check {self.check}" if self.check else ""
+        return f"backend {name!r} {when}: {what} ({self.last_error}){check}"
 
 
 class Backend:
@@ -145,8 +194,11 @@ class Backend:
         template_overrides: Mapping[str, Callable[[NodeTemplate | None], NodeTemplate | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
         group_labels: GroupLabels | None = None,
+        diagnose: Callable[[BaseException], Diagnosis] | None = None,
     ) -> None:
         self.name = name
+        # Turns a failed sync into what the operator should check (server/diagnosis.py per cloud).
+        self._diagnose = diagnose or _default_diagnosis
         self.adapter = adapter
         self.settings = settings or SyncSettings()
         self._template_overrides = dict(template_overrides or {})
@@ -170,6 +222,7 @@ class Backend:
         self._list_after = 0.0  # the timer's next listing starts at or after this (a change asked for it)
         self._rechecks: list[float] = []  # extra listings owed after unknown outcomes (times)
         self._last_error = ""
+        self._diagnosis: Diagnosis | None = None
         self._failures = 0
         self._max_age: float | None = None
         self._deleter: concurrent.futures.ThreadPoolExecutor | None = None
@@ -185,10 +238,20 @@ class Backend:
         try:
             self.sync(Deadline.after(self.settings.initial_sync_timeout))
         except DomainError as err:
-            log.warning(
-                "initial sync failed; serving no groups until the cloud answers",
-                extra={"backend": self.name, "error": str(err)},
-            )
+            # A replica resuming with a snapshot from before had its sync's own line say it all.
+            if not self.health().synced:
+                diagnosis = self._diagnosis or self._diagnose(err)
+                log.log(
+                    logging.ERROR if diagnosis.kind in REFUSED else logging.WARNING,
+                    f"initial sync failed: {KIND_WORDS.get(diagnosis.kind, 'the cloud sync failed')}; this "
+                    f"backend serves no node groups until the cloud answers; check {diagnosis.check}",
+                    extra={
+                        "backend": self.name,
+                        "error": str(err),
+                        "reason": diagnosis.kind,
+                        "check": diagnosis.check,
+                    },
+                )
         if background:
             self._thread = threading.Thread(target=self._run, name=f"sync-timer-{self.name}", daemon=True)
             self._thread.start()
@@ -331,18 +394,33 @@ class Backend:
         try:
             listing = self.adapter.list_groups(Deadline.after(LISTING_TIMEOUT))
         except DomainError as err:
+            diagnosis = self._diagnose(err)
             with self._state_lock:
                 self._failures += 1
                 self._last_error = str(err)
+                self._diagnosis = diagnosis
                 backoff = min(self._interval(), self.settings.min_interval * (2 ** min(self._failures - 1, 6)))
                 self._next_sync_at = self._clock() + backoff
-            log.warning(
-                "cloud sync failed; serving the last good snapshot",
+            health = self.health()
+            if not health.synced:
+                serving = "no snapshot yet: this backend serves no node groups"
+            elif health.refused:
+                serving = (
+                    "the last good snapshot is kept, but Refresh fails while no backend is usable, "
+                    "and it cannot become fresh until this is fixed"
+                )
+            else:
+                serving = "serving the last good snapshot"
+            log.log(
+                logging.ERROR if diagnosis.kind in REFUSED else logging.WARNING,
+                f"cloud sync failed: {KIND_WORDS.get(diagnosis.kind, 'error')}; {serving}",
                 extra={
                     "backend": self.name,
                     "error": str(err),
+                    "reason": diagnosis.kind,
+                    "check": diagnosis.check,
                     "failures": self._failures,
-                    "snapshot_age_s": self.health().age,
+                    "snapshot_age_s": health.age,
                 },
             )
             self._notify()
@@ -353,6 +431,7 @@ class Backend:
             self._max_age = listing.max_age
             self._failures = 0
             self._last_error = ""
+            self._diagnosis = None
             if self._list_after <= started:  # else a change asked for a listing after this one began
                 self._next_sync_at = self._clock() + self._timer_interval()
             books = list(self._books.values())
@@ -400,7 +479,9 @@ class Backend:
         synced = snap.version > 0
         age = self._clock() - snap.finished_at if synced else None
         stale = (not synced) or (age is not None and age > self.settings.max_staleness)
-        return SyncHealth(synced, age, stale, self._last_error, self._failures)
+        diagnosis = self._diagnosis
+        kind, check = (diagnosis.kind, diagnosis.check) if diagnosis is not None else ("", "")
+        return SyncHealth(synced, age, stale, self._last_error, self._failures, kind, check)
 
     # ------------------------------------------------------------------ reads (no I/O, no waits)
     @property
@@ -524,6 +605,7 @@ class Backend:
             raise CloudUnavailable(
                 f"backend {self.name!r}: cloud state is too stale to act on (last good sync {health.age:.0f}s "
                 f"ago, bound {self.settings.max_staleness:.0f}s); last error: {health.last_error or 'none'}"
+                + (f"; check {health.check}" if health.check else "")
             )
 
     # ------------------------------------------------------------------ size changes

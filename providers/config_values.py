@@ -8,6 +8,7 @@ secret's value never does). There is one duration type (Go's syntax: ``500ms``, 
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import types
@@ -217,6 +218,9 @@ def one_of(
                 return ""
             raise problem(f"no {what} is given", f"use one of: {', '.join(choices)}")
         if text not in choices:
+            close = difflib.get_close_matches(str(text).lower(), choices, n=1, cutoff=0.6)
+            if close:
+                raise problem(f"{value!r} is not a {what} (did you mean {close[0]}?)", f"write {close[0]}")
             raise problem(f"{value!r} is not a {what}", f"use one of: {', '.join(choices)}")
         return str(text)
 

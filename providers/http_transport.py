@@ -305,6 +305,10 @@ class _Outcome:
     label: str = ""  # status code or error kind, for metrics/logs
     reached_cloud: bool = True  # False only when the request certainly never reached the cloud
     seconds: float = 0.0  # how long the attempt took
+    # what bounded the attempt's time: "request_timeout" (the config's cap) or "deadline" (what the
+    # caller's deadline left, less than the cap); a timeout is told by this, its real cause
+    limit: str = ""
+    timeout: float = 0.0
 
 
 class HttpTransport:
@@ -485,6 +489,8 @@ class HttpTransport:
                 gate = functools.partial(self._write_gate, f"{method} {endpoint}")
             try:
                 outcome = self._attempt(method, url, endpoint, timeout, body, send_headers, attempt, gate)
+                limit = "request_timeout" if timeout >= self._max_timeout else "deadline"
+                outcome = replace(outcome, limit=limit, timeout=timeout)
             except NotLeader as refused:
                 if maybe_applied:  # an earlier attempt of this call may have landed: say so, do not hide it
                     raise self._final(CloudUnavailable(str(refused)), True, may_land_later) from None
@@ -591,6 +597,12 @@ class HttpTransport:
             self._metrics.observe_cloud_request(self.api, endpoint, method, status, seconds, attempt > 1)
         return replace(outcome, seconds=seconds)
 
+    def _timeout_words(self, outcome: _Outcome) -> str:
+        """What bounded a timed-out attempt, by its real cause."""
+        if outcome.limit == "request_timeout":
+            return f"request_timeout ({outcome.timeout:g}s, the {self.api} backend's cap for one attempt)"
+        return f"the {outcome.timeout:.2f}s the caller's deadline left (below request_timeout, {self._max_timeout:g}s)"
+
     def _log_attempt(
         self, method: str, endpoint: str, outcome: _Outcome, attempt: int, next_step: str, retry_in: float | None = None
     ) -> None:
@@ -612,6 +624,9 @@ class HttpTransport:
         if retry_in is not None:
             extra["retry_in_s"] = round(retry_in, 3)
         suffix = f"; {next_step}" if next_step else ""
+        if label == "timeout" and outcome.limit:
+            label = f"timeout (no answer within {self._timeout_words(outcome)})"
+            extra["timeout_limit"] = outcome.limit
         log.log(
             level,
             "%s %s %s -> %s in %.0fms%s",
@@ -665,10 +680,11 @@ class HttpTransport:
                 )
             )
         if outcome.label == "timeout":
+            within = self._timeout_words(outcome)
             if idempotent:
-                return CloudTimeout(f"{what} got no answer within the time the caller's deadline allowed")
+                return CloudTimeout(f"{what} got no answer within {within}")
             return CloudTimeout(
-                f"{what} got no answer in time; the change may or may not have been applied, the state is "
+                f"{what} got no answer within {within}; the change may or may not have been applied, the state is "
                 "re-read from the cloud before any retry"
             )
         if outcome.label == "connection" and not idempotent:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 from providers.backend import REFRESH_MARGIN, REFRESH_WAIT, Backend
 from providers.deadline import Deadline
-from providers.errors import NodeGroupNotFound
+from providers.errors import CloudUnavailable, NodeGroupNotFound
 from providers.model import GroupState
 
 
@@ -44,11 +44,19 @@ class Registry:
         self.check_fresh_enough()
 
     def check_fresh_enough(self) -> None:
-        """Refresh's rule (the isolation rule, docs/reliability.md): fail only for a backend that serves
-        groups from state beyond its staleness bound; a backend that never synced serves none and reports
-        through health, readiness, logs and metrics instead, so the other clouds keep autoscaling."""
+        """Refresh's rule (the isolation rule, docs/reliability.md): fail for a backend that serves groups
+        from state beyond its staleness bound, and when no backend is usable at all (none has synced, or
+        the cloud refuses the configuration of every one that has): the CA then has nothing to act on,
+        and its log names the cause each loop. While one backend is usable, one that never synced (or
+        whose credentials stopped working) serves none (or its last snapshot) and reports through
+        status, health, readiness, logs, metrics and Events, so the other clouds keep autoscaling."""
         for backend in self.backends:
             backend.check_fresh_enough()
+        active = [(backend, backend.health()) for backend in self.backends if not backend.paused]
+        if active and not any(health.usable for _, health in active):
+            raise CloudUnavailable(
+                "no backend can serve node groups: " + "; ".join(health.problem(b.name) for b, health in active)
+            )
 
     def all_groups(self) -> Iterable[tuple[Backend, GroupState]]:
         seen: set[str] = set()

@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Protocol
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 
+from protos import diagnostics_pb2
 from providers.backend import Backend
 from providers.config_errors import ConfigError
 from providers.node_labels import GroupLabels
 from providers.registry import Registry
 from server.clouds import cloud_type
 from server.config import ServerConfig
+from server.diagnosis import DiagnosticsService
 from server.group_overrides import UnmatchedOverrideCheck
 from server.http_server import BoundedHttpServer
 from server.kube.integration import KubeFeatures, start_features
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 BACKEND_HEALTH_PREFIX = "ca-externalgrpc.backend."
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"]
 REFLECTION_SERVICE = reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"]
+DIAGNOSTICS_SERVICE = diagnostics_pb2.DESCRIPTOR.services_by_name["Diagnostics"]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -83,7 +86,14 @@ def build_backends(config: ServerConfig) -> list[Backend]:
     for bc in config.backends:
         adapter = cloud_type(bc.type).build_adapter(bc.cloud)
         overrides = {gid: g.template for gid, g in bc.groups.items() if g.template is not None}
-        backend = Backend(bc.name, adapter, bc.sync, template_overrides=overrides, group_labels=group_labels)
+        backend = Backend(
+            bc.name,
+            adapter,
+            bc.sync,
+            template_overrides=overrides,
+            group_labels=group_labels,
+            diagnose=bc.advisor.diagnose,
+        )
         if bc.groups:
             backend.listeners.append(UnmatchedOverrideCheck(bc.groups))
         backends.append(backend)
@@ -259,7 +269,11 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     metrics = Metrics()
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(registry, options, on_scale_action=metrics.scale_action)
-    dispatcher = Dispatcher(service_methods(SERVICE, service, metrics.rpc_observer))
+    diagnostics = DiagnosticsService(registry.backends)
+    dispatcher = Dispatcher(
+        service_methods(SERVICE, service, metrics.rpc_observer)
+        + service_methods(DIAGNOSTICS_SERVICE, diagnostics, metrics.rpc_observer)
+    )
     engine: Engine
     engine_name = choose_engine(config.serving.engine)
     if engine_name == "native":
@@ -371,7 +385,7 @@ def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
     """Bind the CA-facing port with the native front (TLS as on the grpcio engine)."""
     host, port = config.listen
     tls = _tls_files(config)
-    services = (SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)
+    services = (SERVICE, DIAGNOSTICS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)
     problem = _bind_problem(host, port)
     if problem is None:
         try:

@@ -87,7 +87,7 @@ def write_ready_file(path: Path, running: RunningServer) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from server.cloud_config import check_cloud_config
+    from server.cloud_config import check_cloud_config, listen_mismatch
     from server.config import validate_file
 
     if not args.config and not args.cloud_config:
@@ -95,8 +95,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 2
     ok = True
     offline = " (offline: shape only)" if args.offline else ""
+    served: tuple[tuple[str, int], bool] | None = None  # (listen, tls) of a valid --config
     if args.config:
         result = validate_file(args.config, offline=args.offline)
+        if result.config is not None:
+            served = (result.config.listen, result.config.tls is not None)
+        elif not result.problems and result.shape is not None:
+            served = result.shape
         if result.problems:
             ok = False
             print_problems(args.config, result.problems)
@@ -112,6 +117,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"  not checked: {unchecked}")
     if args.cloud_config:
         check = check_cloud_config(Path(args.cloud_config), offline=args.offline)
+        if served is not None:
+            check.problems += [f"{problem} (in {args.config})" for problem in listen_mismatch(*served, check)]
         if check.problems:
             ok = False
             for problem in check.problems:
@@ -132,6 +139,9 @@ def print_problems(subject: str, problems: Sequence[ConfigProblem], file: TextIO
 
 
 def cmd_config_from_in_tree(args: argparse.Namespace) -> int:
+    """The config on stdout (or in ``--output``), the rest of the result on stdout after it with
+    ``--output`` and on stderr without (so ``> config.yaml`` holds the config alone); problems and
+    warnings always on stderr, so a redirect never swallows them nor leaves them in the file."""
     import yaml
 
     from server import from_in_tree
@@ -157,22 +167,23 @@ def cmd_config_from_in_tree(args: argparse.Namespace) -> int:
                 problems.append(ConfigProblem("--helm-values", "expected a YAML mapping", "pass your values file"))
     subject = f"in-tree {args.cloud_provider} settings"
     if problems:  # the inputs themselves: converting a half-read environment would report the wrong things
-        print_problems(subject, problems)
+        print_problems(subject, problems, file=sys.stderr)
         return 1
     cloud_config = Path(args.cloud_config) if args.cloud_config else None
     conversion = from_in_tree.convert(args.cloud_provider, env, cloud_config, args.layout)
     result = from_in_tree.check(conversion)
     if result.problems:
-        print_problems(subject, result.problems)
+        print_problems(subject, result.problems, file=sys.stderr)
         return 1
-    secret = args.secret
+    secret, warnings = from_in_tree.choose_secret(args.secret, current, args.layout)
+    for warning in warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
     if current is None:
         current, label = from_in_tree.in_tree_values(conversion, secret), "values of the in-tree install"
     else:
         label = args.helm_values
     text = from_in_tree.config_yaml(conversion)
     advice = from_in_tree.guidance(conversion, args.cloud_config, current, label, secret)
-    advice += "".join(f"  not checked: {left_out}\n" for left_out in result.unchecked)
     if args.output:
         try:
             Path(args.output).write_text(text)
@@ -273,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from_in_tree.add_argument(
         "--secret",
-        default="ca-externalgrpc-credentials",
-        help="the Kubernetes Secret that holds those variables (the chart's envFromSecret); the server reads it",
+        help="the Kubernetes Secret that holds those variables, which the server reads (default: the "
+        "envFromSecret of --helm-values, else ca-externalgrpc-credentials)",
     )
     from_in_tree.add_argument(
         "--helm-values", help="the in-tree install's Helm values file; the diff is made against it"
@@ -282,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     from_in_tree.add_argument(
         "--output",
         help="write the config there (the rest goes to stdout); without it the config goes to stdout "
-        "and the rest to stderr",
+        "and the rest to stderr. Problems and warnings always go to stderr",
     )
     from_in_tree.set_defaults(func=cmd_config_from_in_tree)
 

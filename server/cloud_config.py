@@ -29,6 +29,8 @@ _HOST_PORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^:\[\]]*)):(?P<port>[
 class CloudConfigCheck:
     problems: list[str] = field(default_factory=list)  # each would stop the CA at start-up (or every call)
     unchecked: list[str] = field(default_factory=list)  # left out by --offline
+    address: tuple[str, int] | None = None  # (host, port) the CA dials, when 'address' is valid
+    tls: bool = False  # a non-empty 'cert': the CA dials with TLS (an empty one means plaintext)
 
 
 def check_cloud_config(path: Path, *, offline: bool = False) -> CloudConfigCheck:
@@ -46,6 +48,7 @@ def check_cloud_config(path: Path, *, offline: bool = False) -> CloudConfigCheck
         return result
     values = _as_the_ca_reads_it(raw, result)
     _check_address(values.get("address"), result)
+    result.tls = bool(values.get("cert"))
     _check_tls_files(values, offline, result)
     _check_timeout(values.get("grpc_timeout"), result)
     return result
@@ -78,6 +81,51 @@ def _check_address(address: Any, result: CloudConfigCheck) -> None:
         )
     elif not match.group("port").isdigit() or not 0 < int(match.group("port")) <= 65535:
         result.problems.append(f"'address' port {match.group('port')!r} is not a port number from 1 to 65535")
+    else:
+        result.address = (match.group("v6") or match.group("host") or "", int(match.group("port")))
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def listen_mismatch(listen: tuple[str, int], server_tls: bool, check: CloudConfigCheck) -> list[str]:
+    """Why a CA with this cloud-config would not reach a server with this ``listen`` (and TLS or not)."""
+    if check.address is None:
+        return []
+    host, port = check.address
+    listen_host, listen_port = listen
+    problems = []
+    shown = f"{listen_host}:{listen_port}" if ":" not in listen_host else f"[{listen_host}]:{listen_port}"
+    if listen_port != 0 and port != listen_port:
+        problems.append(
+            f"'address' port {port} is not the server's listen port ({shown}): the CA would dial a port nobody "
+            f"serves. Fix: use port {listen_port} in 'address', or change listen"
+        )
+    loopback_dial = host in _LOOPBACK_NAMES or host.startswith("127.")
+    loopback_listen = listen_host in _LOOPBACK_NAMES or listen_host.startswith("127.")
+    if listen_host not in _WILDCARDS and loopback_listen and not loopback_dial:
+        problems.append(
+            f"'address' host {host!r} is not loopback but the server listens on {shown} only: a CA outside the "
+            "server's pod cannot reach it. Fix: the sidecar layout dials 127.0.0.1; a separate server listens "
+            "on 0.0.0.0 with tls"
+        )
+    elif loopback_dial and listen_host not in _WILDCARDS and not loopback_listen:
+        problems.append(
+            f"'address' dials loopback ({host}) but the server listens on {shown}, not on loopback. Fix: listen on "
+            "127.0.0.1 for a sidecar"
+        )
+    if check.tls and not server_tls:
+        problems.append(
+            "'cert' is set, so the CA dials with TLS, but the server config has no tls: the handshake fails. Fix: "
+            "empty cert, key and cacert for plaintext, or configure tls in the server config"
+        )
+    elif server_tls and not check.tls:
+        problems.append(
+            "'cert' is empty, so the CA dials plaintext, but the server config serves TLS: every call fails. Fix: "
+            "set cert, key and cacert (the client certificate and the CA that signed the server's)"
+        )
+    return problems
 
 
 def _check_tls_files(values: dict[str, Any], offline: bool, result: CloudConfigCheck) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from providers.backend import SyncSettings
@@ -33,6 +33,7 @@ from providers.config_values import (
     not_checked,
     one_of,
     problem,
+    render_key,
     rule_error,
     whole_number,
 )
@@ -293,6 +294,8 @@ class BackendConfig(ConfigModel):
     bizfly: BizflyConfig | None = None
     sync_config: SyncConfig = Field(SyncConfig(), alias="sync")
     node_groups: dict[str, GroupConfig] = {}
+    # where each cloud setting came from (a key of the file, a *_env variable, an upstream variable)
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("name", mode="before")
     @classmethod
@@ -348,6 +351,13 @@ class BackendConfig(ConfigModel):
     @property
     def groups(self) -> Mapping[str, GroupConfig]:
         return self.node_groups
+
+    @property
+    def advisor(self) -> Any:
+        """What to check when the cloud refuses this backend (server/diagnosis.py)."""
+        from server.diagnosis import Advisor
+
+        return Advisor(self.type, self.cloud, self._origins)
 
 
 # ---------------------------------------------------------------------------- the file
@@ -434,6 +444,9 @@ class Validation:
     config: ServerConfig | None
     problems: tuple[ConfigProblem, ...] = ()
     unchecked: tuple[ConfigProblem, ...] = ()
+    # (listen, tls) read from the file when valid, also when ``config`` is None because secrets were not
+    # checked (offline): what the CA's cloud-config must agree with
+    shape: tuple[tuple[str, int], bool] | None = None
 
 
 def _with_environment(
@@ -448,8 +461,22 @@ def _with_environment(
     clouds = [str(b.get("type")) if isinstance(b, Mapping) else "" for b in backends]
     prepared_backends: list[Any] = []
     for index, (backend, cloud) in enumerate(zip(backends, clouds, strict=True)):
-        cloud_raw = backend.get(cloud) if isinstance(backend, Mapping) and cloud in CLOUD_MODELS else None
-        if cloud not in CLOUD_MODELS or not isinstance(cloud_raw, Mapping | None):
+        if isinstance(backend, Mapping) and cloud not in CLOUD_MODELS:
+            # A misspelt or missing type is its own one problem: the cloud mappings present are read as
+            # what they say they are (their *_env keys resolved), never reported as unknown keys because of it.
+            prepared_backends.append(
+                {
+                    **backend,
+                    **{
+                        other: CLOUD_MODELS[other].merge_environment(backend[other], env, False, offline)[0]
+                        for other in CLOUD_MODELS
+                        if isinstance(backend.get(other), Mapping)
+                    },
+                }
+            )
+            continue
+        cloud_raw = backend.get(cloud) if isinstance(backend, Mapping) else None
+        if not isinstance(cloud_raw, Mapping | None):
             prepared_backends.append(backend)
             continue
         merged, from_env = CLOUD_MODELS[cloud].merge_environment(
@@ -472,13 +499,68 @@ def validate(
         return Validation(None, (ConfigProblem("(top level)", f"expected a mapping, found {found}", fix),))
     prepared, sources = _with_environment(raw, env, offline)
     context = {"env": env, "offline": offline, "base": base or Path.cwd()}
+    placeholders = _placeholders(raw)
     try:
         config = ServerConfig.model_validate(prepared, context=context)
     except ValidationError as err:
         problems, unchecked = describe_errors(err, ServerConfig, sources=sources)
-        return Validation(None, tuple(problems), tuple(unchecked))
+        # One error per mistake: a placeholder's own line, not also the schema's word on the same key.
+        marked = {p.key for p in placeholders}
+        problems = [*placeholders, *(p for p in problems if p.key not in marked)]
+        return Validation(None, tuple(problems), tuple(unchecked), _shape(raw))
+    if placeholders:
+        return Validation(None, tuple(placeholders), (), _shape(raw))
+    _record_origins(config, raw, sources)
     _warn_about_open_doors(config)
-    return Validation(config)
+    return Validation(config, shape=(config.listen, config.tls is not None))
+
+
+#: an example's placeholder left in: ``<pool-id>``, ``<the cluster id>``
+_PLACEHOLDER = re.compile(r"^<[^<>]+>$")
+
+
+def _placeholders(raw: Any, loc: tuple[Any, ...] = ()) -> list[ConfigProblem]:
+    """Every key or string value of the file that is still an example's ``<placeholder>``."""
+    found: list[ConfigProblem] = []
+    if isinstance(raw, Mapping):
+        for key, value in raw.items():
+            where = (*loc, key)
+            if isinstance(key, str) and _PLACEHOLDER.match(key.strip()):
+                fix = (
+                    "replace it with a node group id as `ca-externalgrpc status` lists it (the pool id)"
+                    if loc[-1:] == ("node_groups",)
+                    else "replace it with the real value"
+                )
+                found.append(ConfigProblem(render_key(where), f"{key!r} is a placeholder from an example", fix))
+            else:
+                found += _placeholders(value, where)
+    elif isinstance(raw, list):
+        for index, item in enumerate(raw):
+            found += _placeholders(item, (*loc, index))
+    elif isinstance(raw, str) and _PLACEHOLDER.match(raw.strip()):
+        found.append(
+            ConfigProblem(render_key(loc), f"{raw!r} is a placeholder from an example", "write the real value")
+        )
+    return found
+
+
+def _shape(raw: Mapping[str, Any]) -> tuple[tuple[str, int], bool] | None:
+    try:
+        listen = _address(raw.get("listen", "127.0.0.1:8086"))
+    except PydanticCustomError:
+        return None
+    return listen, bool(raw.get("tls"))
+
+
+def _record_origins(config: ServerConfig, raw: Mapping[str, Any], sources: Mapping[tuple[Any, ...], str]) -> None:
+    from server.diagnosis import origins
+
+    raw_backends = raw.get("backends") or []
+    for index, backend in enumerate(config.backends):
+        raw_backend = raw_backends[index] if index < len(raw_backends) else {}
+        raw_cloud = raw_backend.get(backend.type) if isinstance(raw_backend, Mapping) else None
+        from_env = {key[3]: var for key, var in sources.items() if key[1] == index and len(key) == 4}
+        backend._origins = origins(index, backend.type, raw_cloud if isinstance(raw_cloud, Mapping) else None, from_env)
 
 
 def _warn_about_open_doors(config: ServerConfig) -> None:

@@ -71,7 +71,7 @@ BIZFLY_ORIGINS = {
     "region": BIZFLY_REGION,
     "api_url": BIZFLY_API_URL,
     "token_url": BIZFLY_API_URL,
-    "tenant_id": BIZFLY_TENANT_ID,
+    "project_id": BIZFLY_TENANT_ID,
 }
 
 # The layouts as deploy/ ships them (tests/unit/test_from_in_tree.py keeps the two equal).
@@ -360,8 +360,7 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
             conversion.problems.append(_missing(variable, what, upstream, f"export {variable}"))
     if method:
         backend["auth_method"] = method
-    if value[BIZFLY_EMAIL]:
-        # Also the X-Tenant-Name header of every call, whatever the login method (as upstream).
+    if value[BIZFLY_EMAIL] and method != "application_credential":
         backend["email"] = value[BIZFLY_EMAIL]
     if method == "password":
         backend["password_env"] = BIZFLY_PASSWORD
@@ -379,7 +378,9 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
             f"{BIZFLY_API_URL} said; remove it to log in at <api_url>/api/token instead"
         )
     if value[BIZFLY_TENANT_ID]:
-        backend["tenant_id"] = value[BIZFLY_TENANT_ID]
+        # The in-tree client sent it as X-Tenant-Id; it is the project id (the Bizfly cloud-controller-manager
+        # passes the same variable on as one), sent as X-Project-ID (docs/bizfly.md, "Authentication").
+        backend["project_id"] = value[BIZFLY_TENANT_ID]
     conversion.env = dict(env)
     conversion.backend = backend
 
@@ -576,6 +577,32 @@ def migrated_values(conversion: Conversion, current: Mapping[str, Any], secret: 
     return values
 
 
+def choose_secret(given: str | None, values: Mapping[str, Any] | None, layout: str) -> tuple[str, list[str]]:
+    """The Secret the server will read, and warnings about any Secret the operator's pod would lose.
+
+    The in-tree install's ``envFromSecret`` already holds the variables the server reads: it is kept
+    unless ``--secret`` names another, which is said loudly (the pod would reference a Secret that may
+    not exist). The Service layout's kustomize tree reads ``ca-externalgrpc-credentials`` by name.
+    """
+    in_use = values.get("envFromSecret") if values is not None else None
+    in_use = in_use if isinstance(in_use, str) and in_use else None
+    secret = given or in_use or CREDENTIALS_SECRET
+    warnings = []
+    if given and in_use and given != in_use:
+        warnings.append(
+            f"--secret {given} replaces the envFromSecret of your values ({in_use}): the server will read Secret "
+            f"{given}, which must exist with the same keys before you apply the values (kubectl -n kube-system get "
+            f"secret {in_use} -o yaml shows them); leave --secret out to keep {in_use}"
+        )
+    if layout == "service" and secret != CREDENTIALS_SECRET:
+        warnings.append(
+            f"the service layout (deploy/kubernetes/server-mtls) reads Secret {CREDENTIALS_SECRET}, not {secret}: "
+            f"create {CREDENTIALS_SECRET} with the keys of {secret}, or change the secretRef of "
+            f"server-mtls/deployment.yaml to {secret}"
+        )
+    return secret, warnings
+
+
 def in_tree_values(conversion: Conversion, secret: str) -> dict[str, Any]:
     """The Helm values of an in-tree install, as far as this command knows them: the provider and its Secret."""
     return {"cloudProvider": conversion.provider, "envFromSecret": secret}
@@ -604,8 +631,9 @@ def guidance(
     if conversion.layout == "service":
         lines.append(
             "Server: kubectl apply -k deploy/kubernetes/server-mtls with the config above as its config.yaml "
-            f"(two replicas, leader election, cert-manager certificates; it reads Secret {CREDENTIALS_SECRET}: "
-            "create it with the same keys if yours has another name); then the Helm values below."
+            f"(two replicas, leader election, cert-manager certificates, whose files the server reads at start; "
+            f"it reads Secret {CREDENTIALS_SECRET}: create it with the same keys if yours has another name); "
+            "then the Helm values below."
         )
     lines.append("Helm values (official cluster-autoscaler chart):")
     lines.append(helm_values_diff(conversion, values, label, secret).rstrip("\n"))

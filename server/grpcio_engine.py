@@ -29,10 +29,12 @@ class GrpcioEngine:
     def __init__(self, config: ServerConfig, dispatcher: Dispatcher, service_name: str) -> None:
         self.executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
         self.options = channel_options(config.serving)
-        self.handlers = {
-            m.name: grpc.unary_unary_rpc_method_handler(_behavior(dispatcher, m.path))
-            for m in dispatcher.methods.values()
-        }
+        # service -> method name -> handler: the CloudProvider and our Diagnostics service
+        self.handlers: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+        for m in dispatcher.methods.values():
+            self.handlers.setdefault(m.service, {})[m.name] = grpc.unary_unary_rpc_method_handler(
+                _behavior(dispatcher, m.path)
+            )
         self.service_name = service_name
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = self._new_server()
@@ -44,11 +46,11 @@ class GrpcioEngine:
 
     def _new_server(self) -> grpc.Server:
         server = grpc.server(self.executor, options=self.options)
-        generic = grpc.method_handlers_generic_handler(self.service_name, self.handlers)
-        server.add_generic_rpc_handlers((generic,))
-        server.add_registered_method_handlers(self.service_name, self.handlers)
+        for service, handlers in self.handlers.items():
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+            server.add_registered_method_handlers(service, handlers)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (self.service_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        names = (*self.handlers, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
         return server
 

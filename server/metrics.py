@@ -144,6 +144,14 @@ class Metrics:
             ("backend", "api", "endpoint"),
             registry=r,
         )
+        self.cloud_write_checks = Counter(
+            PREFIX + "cloud_write_checks_total",
+            "Writes the cloud accepted that are read back because nothing shows the cloud applies them (check: "
+            "desired_size_zero, a Bizfly pool set to 0), by result: confirmed, mismatch (the cloud does not show "
+            "the change: the write is reported failed), unverified (the read-back failed; the write stands).",
+            ("backend", "api", "check", "result"),
+            registry=r,
+        )
         self.breaker_state = Gauge(
             PREFIX + "cloud_api_circuit_breaker_state",
             "Circuit breaker towards a cloud API: 1 for the current state (closed, half-open, open), else 0.",
@@ -249,6 +257,9 @@ class Metrics:
         if retried:
             self.cloud_retries.labels(backend, api, endpoint).inc()
 
+    def observe_write_check(self, backend: str, api: str, check: str, result: str) -> None:
+        self.cloud_write_checks.labels(backend, api, check, result).inc()
+
     def set_breaker_state(self, backend: str, api: str, state: int | str) -> None:
         current = _breaker_state(state)
         for name in BREAKER_STATES:
@@ -337,6 +348,10 @@ class BackendMetrics:
     def set_breaker_state(self, api: str, state: int | str) -> None:
         self._metrics.set_breaker_state(self.backend, api, state)
 
+    def observe_write_check(self, api: str, check: str, result: str) -> None:
+        """A write read back after the cloud accepted it (``CloudAdapter`` code calls it)."""
+        self._metrics.observe_write_check(self.backend, api, check, result)
+
 
 def _breaker_state(state: int | str) -> str:
     name = str(state).lower()
@@ -374,6 +389,10 @@ def _remove(metric: Any, *labels: str) -> None:
         metric.remove(*labels)
 
 
+#: the ``reason`` label of ca_externalgrpc_backend_sync_failure (server/diagnosis.py, Diagnosis.kind)
+SYNC_FAILURE_REASONS = ("credentials", "not_found", "rejected", "unreachable")
+
+
 class _SnapshotCollector(Collector):
     """``ca_externalgrpc_snapshot_age_seconds`` and ``ca_externalgrpc_snapshot_stale``, computed at scrape
     time: a gauge set after each sync would freeze at the last good value while the cloud is down."""
@@ -390,7 +409,7 @@ class _SnapshotCollector(Collector):
         return list(self._families())
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         age = GaugeMetricFamily(
             PREFIX + "snapshot_age_seconds",
             "Seconds since the snapshot being served was read from the cloud (absent before the first sync).",
@@ -402,10 +421,17 @@ class _SnapshotCollector(Collector):
             "listed) or the snapshot is older than max_staleness (Refresh answers UNAVAILABLE), else 0.",
             labels=("backend",),
         )
-        return age, stale
+        failure = GaugeMetricFamily(
+            PREFIX + "backend_sync_failure",
+            "One series per reason (credentials, not_found, rejected, unreachable): 1 for the reason of the "
+            "backend's last sync while it failed, else 0. credentials, not_found and rejected need a fix of the "
+            "config or the Secret; while no backend is usable Refresh answers UNAVAILABLE.",
+            labels=("backend", "reason"),
+        )
+        return age, stale, failure
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        age_family, stale_family = self._families()
+        age_family, stale_family, failure_family = self._families()
         with self._lock:
             items = list(self._backends.items())
         for name, ref in items:
@@ -420,8 +446,12 @@ class _SnapshotCollector(Collector):
             if health.age is not None:
                 age_family.add_metric((name,), health.age)
             stale_family.add_metric((name,), 1 if health.stale else 0)
+            failing = health.kind if health.consecutive_failures else ""
+            for reason in SYNC_FAILURE_REASONS:
+                failure_family.add_metric((name, reason), 1 if reason == failing else 0)
         yield age_family
         yield stale_family
+        yield failure_family
 
 
 #: one method's natively answered calls:

@@ -125,12 +125,9 @@ def readiness(draining: Callable[[], bool], backends: Iterable[Any], role: Check
 
 
 def _backend_state(backend: Any) -> str:
-    h = backend.health()
-    if not h.synced:
-        return f"{backend.name}: not synced yet ({h.last_error or 'first sync pending'})"
-    if h.stale:
-        return f"{backend.name}: snapshot {h.age:.0f}s old, Refresh answers UNAVAILABLE ({h.last_error})"
-    return f"{backend.name}: snapshot {h.age:.0f}s old"
+    from server.diagnosis import report
+
+    return report(backend).summary
 
 
 # ---------------------------------------------------------------------- the HTTP server

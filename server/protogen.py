@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos"
-PROTO_FILES = ("externalgrpc.proto", "k8s_core_v1.proto")
+PROTO_FILES = ("externalgrpc.proto", "k8s_core_v1.proto", "diagnostics.proto")
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

@@ -5,15 +5,21 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protos import diagnostics_pb2 as dpb
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
+from protos.diagnostics_pb2_grpc import DiagnosticsStub
 
 STATES = {1: "running", 2: "creating", 3: "deleting", 0: "unknown"}
+#: exit status when the server answers but a backend is unhealthy (1: the server could not be asked, 2: usage)
+UNHEALTHY = 3
+BACKEND_HEALTH = "ca-externalgrpc.backend."
 
 
 class UnreadableFile(Exception):
@@ -44,7 +50,19 @@ def open_channel(
     return grpc.secure_channel(address, creds, options=options)
 
 
-def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, object]], list[tuple[str, str]]]:
+@dataclass(frozen=True)
+class BackendLine:
+    name: str
+    cloud: str
+    healthy: bool
+    state: str
+    groups: int
+    age: str
+    last_error: str
+    check: str
+
+
+def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, object]], list[BackendLine]]:
     stub = pb_grpc.CloudProviderStub(channel)
     rows: list[dict[str, object]] = []
     for group in stub.NodeGroups(pb.NodeGroupsRequest(), timeout=timeout).nodeGroups:
@@ -67,16 +85,47 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
                 "debug": _strip_known(group.debug),
             }
         )
-    health = health_pb2_grpc.HealthStub(channel)
-    backends: list[tuple[str, str]] = []
+    return rows, backend_lines(channel, rows, timeout)
+
+
+def backend_lines(channel: grpc.Channel, rows: list[dict[str, object]], timeout: float) -> list[BackendLine]:
+    """Every configured backend, from the server's Diagnostics service (protos/diagnostics.proto); a server
+    without it (an older release) is asked the gRPC health of the backends its groups name."""
     try:
-        names = _backend_health_names(channel, timeout)
-        for name in names:
-            status = health.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout).status
-            backends.append((name.rsplit(".", 1)[-1], health_pb2.HealthCheckResponse.ServingStatus.Name(status)))
-    except grpc.RpcError:
-        pass
-    return rows, backends
+        answer = DiagnosticsStub(channel).Backends(dpb.BackendsRequest(), timeout=timeout)
+    except grpc.RpcError as err:
+        if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        return _backends_from_health(channel, rows, timeout)
+    return [
+        BackendLine(
+            b.name,
+            b.cloud,
+            b.healthy,
+            b.state,
+            b.groups,
+            f"{b.snapshot_age_seconds:.0f}s" if b.HasField("snapshot_age_seconds") else "-",
+            b.last_error,
+            b.check,
+        )
+        for b in answer.backends
+    ]
+
+
+def _backends_from_health(channel: grpc.Channel, rows: list[dict[str, object]], timeout: float) -> list[BackendLine]:
+    health = health_pb2_grpc.HealthStub(channel)
+    found: list[BackendLine] = []
+    for name in dict.fromkeys(str(r["backend"]) for r in rows if r.get("backend") != "?"):
+        try:
+            status = health.Check(health_pb2.HealthCheckRequest(service=BACKEND_HEALTH + name), timeout=timeout).status
+        except grpc.RpcError:
+            continue
+        serving = status == health_pb2.HealthCheckResponse.SERVING
+        ages = sorted({str(r["snapshot_age"]) for r in rows if r.get("backend") == name})
+        groups = sum(1 for r in rows if r.get("backend") == name)
+        state = "serving" if serving else "stale"
+        found.append(BackendLine(name, "?", serving, state, groups, ", ".join(ages), "", ""))
+    return found
 
 
 def _field(debug: str, key: str) -> str:
@@ -113,20 +162,7 @@ def _strip_known(debug: str) -> str:
     return " ".join(w for w in debug.split() if not w.startswith(("backend=", "synced="))) or "-"
 
 
-def _backend_health_names(channel: grpc.Channel, timeout: float) -> list[str]:
-    """Backend names come from the 'debug' strings; each starts with 'backend=<name>'."""
-    stub = pb_grpc.CloudProviderStub(channel)
-    names = []
-    for group in stub.NodeGroups(pb.NodeGroupsRequest(), timeout=timeout).nodeGroups:
-        if group.debug.startswith("backend="):
-            name = group.debug.split()[0].split("=", 1)[1]
-            full = f"ca-externalgrpc.backend.{name}"
-            if full not in names:
-                names.append(full)
-    return names
-
-
-def render(rows: list[dict[str, object]], backends: list[tuple[str, str]]) -> str:
+def render(rows: list[dict[str, object]], backends: list[BackendLine]) -> str:
     cols = [
         "id",
         "backend",
@@ -144,13 +180,22 @@ def render(rows: list[dict[str, object]], backends: list[tuple[str, str]]) -> st
     ]
     table = [[str(row.get(c, 0)) for c in cols] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in table]
-    if backends:
-        lines.append("")
-        for name, status in backends:
-            ages = sorted({str(r["snapshot_age"]) for r in rows if r.get("backend") == name})
-            lines.append(f"backend {name}: {status}" + (f" (snapshot age {', '.join(ages)})" if ages else ""))
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in table]
+    if not rows:
+        if backends and all(b.healthy for b in backends):
+            lines.append("(no node group: no pool of the configured clusters has autoscaling enabled)")
+        else:
+            lines.append("(no node group)")
+    lines.append("")
+    for b in backends:
+        word = "healthy" if b.healthy else "UNHEALTHY"
+        cloud = f" ({b.cloud})" if b.cloud and b.cloud != "?" else ""
+        lines.append(f"backend {b.name}{cloud}: {word}, {b.state}, {b.groups} group(s), snapshot age {b.age}")
+        if b.last_error:
+            lines.append(f"  last error: {b.last_error}")
+        if b.check:
+            lines.append(f"  check: {b.check}")
     return "\n".join(lines)
 
 
@@ -174,4 +219,8 @@ def print_status(
             print(f"error: {address}: {err.code().name}: {err.details()}", file=sys.stderr)
             return 1
     print(render(rows, backends))
+    if any(not b.healthy for b in backends):
+        unhealthy = ", ".join(b.name for b in backends if not b.healthy)
+        print(f"error: unhealthy backend(s): {unhealthy}", file=sys.stderr)
+        return UNHEALTHY
     return 0

@@ -12,6 +12,15 @@ the pool's ``desired_size`` by one when it deletes a node (upstream relies on th
 decrements its cache and never PATCHes after a delete; the simulator does the same), so this adapter
 sends no PATCH after a DELETE. A 404 means the node is already gone, which is what was asked.
 
+Node statuses (providers/bizfly/statuses.py): an ``ERROR`` is a failed creation or a machine that failed
+after it existed; when its reason does not say which, what this adapter saw of the node in earlier
+listings of its pool decides (``History``), so the adapter remembers, per pool, each listed node's
+history (bounded by the pool's own node list, forgotten with it).
+
+Scale to zero: no public Bizfly client has ever sent ``desired_size: 0`` (gobizfly's field is omitted
+when zero), so after a 2xx to that PATCH the pool is read back; a pool that does not show 0 is a precise
+error (and a ``cloud_write_checks_total`` sample), never a silent success.
+
 Upstream defects not copied: a pool that disappears between the cluster GET and its pool GET no
 longer aborts the whole refresh (it is skipped); pools are read concurrently; malformed bodies are
 typed errors, never a crash; providerIDs are matched through the Backend's dict, not an O(N²) scan.
@@ -29,13 +38,14 @@ from typing import Any
 
 from providers.bizfly.client import BizflyClient
 from providers.bizfly.config import BizflyConfig
-from providers.bizfly.statuses import map_status
+from providers.bizfly.statuses import History, map_status
 from providers.bizfly.templates import GPU_LABEL, NODE_ID_LABEL, build_template
 from providers.cloud import CloudAdapter
 from providers.deadline import Deadline
 from providers.errors import (
     CloudRequestRejected,
     CloudUnavailable,
+    DomainError,
     GroupBusy,
     NodeGroupNotFound,
 )
@@ -47,6 +57,8 @@ PROVIDER_ID_PREFIX = "bizflycloud://"
 # A pool node the API lists before it has a cloud server: a unique id no Kubernetes node will carry.
 PENDING_ID_PREFIX = "bizflycloud-pending://"
 POOL_FETCH_WORKERS = 4
+# The one write no public client has made: read back (see the module docstring).
+ZERO_CHECK = "desired_size_zero"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +66,7 @@ class PoolData:
     """What the adapter keeps of a pool in ``GroupState.cloud_data`` (for templates and deletes)."""
 
     pool: Mapping[str, Any]
-    region: str
+    region_label: str
 
 
 def _int_field(body: Mapping[str, Any], key: str, what: str, default: int | None = None) -> int:
@@ -85,6 +97,10 @@ class BizflyAdapter(CloudAdapter):
         self._pool = concurrent.futures.ThreadPoolExecutor(POOL_FETCH_WORKERS, thread_name_prefix="bizfly-pool")
         self._warned: set[str] = set()
         self._warned_lock = threading.Lock()
+        # pool id -> {node key -> History}: what the earlier listings of the pool showed of each node.
+        self._histories: dict[str, dict[str, History]] = {}
+        self._histories_lock = threading.Lock()
+        self._metrics: Any = None
 
     # ------------------------------------------------------------------ reads
     def list_groups(self, deadline: Deadline) -> CloudListing:
@@ -97,6 +113,9 @@ class BizflyAdapter(CloudAdapter):
                 "in the dashboard for pools the autoscaler should manage",
             )
         pools = self._fetch_pools([str(e.get("id") or "") for e in entries], deadline)
+        with self._histories_lock:  # a pool no longer listed takes its nodes' history with it
+            for gone in set(self._histories) - set(pools):
+                del self._histories[gone]
         groups = []
         for entry in entries:
             pool = pools.get(str(entry.get("id") or ""))
@@ -174,7 +193,7 @@ class BizflyAdapter(CloudAdapter):
         nodes = pool.get("nodes") or []
         if not isinstance(nodes, list):
             raise CloudUnavailable(f"malformed answer from the bizfly API: nodes of {what} is not a list")
-        instances = tuple(inst for inst in (self._instance(n) for n in nodes if isinstance(n, Mapping)) if inst)
+        instances = self._instances(pool_id, [n for n in nodes if isinstance(n, Mapping)])
         merged = {**entry, **pool}
         debug = (
             f"pool={merged.get('name', '')} id={pool_id} flavor={merged.get('flavor', '')} min={min_size} "
@@ -187,10 +206,33 @@ class BizflyAdapter(CloudAdapter):
             target_size=desired,
             instances=instances,
             debug=debug,
-            cloud_data=PoolData(merged, self.config.region),
+            cloud_data=PoolData(merged, self.config.region_label),
         )
 
-    def _instance(self, node: Mapping[str, Any]) -> Instance | None:
+    def _instances(self, pool_id: str, nodes: list[Mapping[str, Any]]) -> tuple[Instance, ...]:
+        """The pool's instances, each status read with what earlier listings showed of its node."""
+        with self._histories_lock:
+            previous = self._histories.get(pool_id)
+        seen: dict[str, History] = {}
+        instances = []
+        for node in nodes:
+            key = str(node.get("id") or node.get("physical_id") or "")
+            history = History.UNKNOWN if previous is None else previous.get(key, History.NEW)
+            instance, serving = self._instance(node, history)
+            if instance is None:
+                continue
+            instances.append(instance)
+            if serving is True:
+                seen[key] = History.SERVING
+            elif serving is False and history is not History.SERVING:
+                seen[key] = History.CREATING
+            else:
+                seen[key] = history
+        with self._histories_lock:
+            self._histories[pool_id] = seen
+        return tuple(instances)
+
+    def _instance(self, node: Mapping[str, Any], history: History) -> tuple[Instance | None, bool | None]:
         node_id = str(node.get("id") or "")
         physical_id = str(node.get("physical_id") or "")
         if physical_id:
@@ -198,10 +240,10 @@ class BizflyAdapter(CloudAdapter):
         elif node_id:
             instance_id = PENDING_ID_PREFIX + node_id
         else:
-            return None
+            return None, None
         status = node.get("status")
-        mapped = map_status(status if isinstance(status, str) else "", node.get("status_reason"))
-        return Instance(
+        mapped = map_status(status if isinstance(status, str) else "", node.get("status_reason"), history)
+        instance = Instance(
             id=instance_id,
             state=mapped.state,
             cloud_id=node_id,
@@ -209,6 +251,7 @@ class BizflyAdapter(CloudAdapter):
             error=mapped.error,
             cloud_status=status if isinstance(status, str) else "",
         )
+        return instance, mapped.serving
 
     # ------------------------------------------------------------------ writes
     def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None:
@@ -216,6 +259,39 @@ class BizflyAdapter(CloudAdapter):
             self.client.set_desired_size(group.id, new_size, deadline)
         except CloudRequestRejected as err:
             raise self._rejected(err, group, f"set desired_size to {new_size}") from None
+        if new_size == 0:
+            self._check_zero(group, deadline)
+
+    def _check_zero(self, group: GroupState, deadline: Deadline) -> None:
+        """Read a pool back after the API accepted ``desired_size: 0``: the one write no public client has
+        made (docs/bizfly.md, "Writes"). The pool must read 0; anything else is an error naming what it reads."""
+        try:
+            pool = self._pool_or_none(group.id, deadline)
+            seen = None if pool is None else _int_field(pool, "desired_size", f"worker pool {group.id}", default=0)
+        except DomainError as err:
+            # The API said yes and only the check failed: the write stands, the next listing shows the pool.
+            self._count_check("unverified")
+            log.warning(
+                "could not read the pool back after setting desired_size 0; the next sync shows whether it applied",
+                extra={"cloud": "bizfly", "node_group": group.id, "error": str(err)},
+            )
+            return
+        if seen == 0:
+            self._count_check("confirmed")
+            return
+        self._count_check("mismatch")
+        shown = "the pool is gone" if seen is None else f"the pool still reads desired_size {seen}"
+        raise CloudRequestRejected(
+            f"Bizfly accepted desired_size 0 for pool {group.id!r} (it was {group.target_size}) but {shown}: the API "
+            'did not apply a size of zero (no public Bizfly client sends 0; docs/bizfly.md, "Writes"). Nothing '
+            "else was changed; scale the pool to zero in the Bizfly dashboard, or keep its min_size above 0",
+            status=None,
+        )
+
+    def _count_check(self, result: str) -> None:
+        observe = getattr(self._metrics, "observe_write_check", None)
+        if observe is not None:
+            observe("bizfly", ZERO_CHECK, result)
 
     def delete_instance(self, group: GroupState, instance: Instance, node: NodeRef, deadline: Deadline) -> None:
         label = node.labels.get(NODE_ID_LABEL, "")
@@ -261,7 +337,7 @@ class BizflyAdapter(CloudAdapter):
         data = group.cloud_data
         if not isinstance(data, PoolData):
             return None
-        template = build_template(data.pool, data.region, observed_labels)
+        template = build_template(data.pool, data.region_label, observed_labels)
         if template is None:
             self._warn_once(
                 f"template:{group.id}",
@@ -271,6 +347,7 @@ class BizflyAdapter(CloudAdapter):
         return template
 
     def instrument(self, metrics: object) -> None:
+        self._metrics = metrics
         self.client.instrument(metrics)
 
     def guard_writes(self, gate: Callable[[str], float | None]) -> None:

@@ -8,7 +8,11 @@ Why it differs from upstream (docs/bizfly.md, "Authentication"):
   the token requests go through their own transport, which has no ``auth`` hook, so nothing can
   loop; a refused login is also remembered for ``failure_cooldown`` seconds so that a burst of
   calls with bad credentials costs one token request, not one each;
-* the token is never put in a message or a log line (the transports mask it).
+* the token is never put in a message or a log line (the transports mask it);
+* the headers are the current vendor client's: ``X-Project-ID`` (the configured project, else the one
+  the token answer names), not the ``X-Tenant-Name``/``X-Tenant-Id`` pair gobizfly marked deprecated
+  ("will be removed in API server") and dropped in 2022; a configured project also scopes the login
+  (``project_id`` in the token body, as the Bizfly Terraform provider sends it).
 """
 
 from __future__ import annotations
@@ -71,20 +75,22 @@ def token_request_body(config: BizflyConfig) -> dict[str, str]:
     sent as well: Bizfly's documentation and gobizfly disagree, and both are accepted by
     an API that ignores unknown keys.
     """
+    project = {"project_id": config.project_id} if config.project_id else {}
     if config.auth_method == PASSWORD:
-        return {"auth_method": PASSWORD, "username": config.email, "password": config.password}
+        return {"auth_method": PASSWORD, "username": config.email, "password": config.password, **project}
     return {
         "auth_method": APPLICATION_CREDENTIAL,
         "credential_id": config.app_credential_id,
         "credential_secret": config.app_credential_secret,
         "application_credential_id": config.app_credential_id,
         "application_credential_secret": config.app_credential_secret,
+        **project,
     }
 
 
-def tenant_headers(config: BizflyConfig) -> dict[str, str]:
-    """Headers upstream sends on every request (both are present even when empty, as upstream does)."""
-    return {"X-Tenant-Name": config.email, "X-Tenant-Id": config.tenant_id}
+def project_headers(project_id: str) -> dict[str, str]:
+    """``X-Project-ID`` as the current vendor client sends it; nothing when no project is known yet."""
+    return {"X-Project-ID": project_id} if project_id else {}
 
 
 def parse_expiry(body: Mapping[str, Any], now_wall: float) -> float | None:
@@ -132,6 +138,8 @@ class TokenSource:
         self._path = _path_of(config.token_url)
         self._lock = threading.Lock()
         self._token: _Token | None = None
+        # The project the last token answer named (gobizfly sends it as X-Project-ID when none is configured).
+        self._answered_project = ""
         self._failure: tuple[CloudAuthFailed, float] | None = None
         # The token each thread last sent: two threads that both get 401 for the same token cause
         # one token request, not two.
@@ -148,7 +156,12 @@ class TokenSource:
         refused = getattr(self._last_sent, "value", None) if force_refresh else None
         token = self.token(deadline, force_refresh=force_refresh, refused=refused)
         self._last_sent.value = token
-        return {**tenant_headers(self._config), "X-Auth-Type": "token", "X-Auth-Token": token}
+        return {**project_headers(self.project_id), "X-Auth-Type": "token", "X-Auth-Token": token}
+
+    @property
+    def project_id(self) -> str:
+        """The project calls are made in: the configured one, else the one the login answered with."""
+        return self._config.project_id or self._answered_project
 
     def token(self, deadline: Deadline, force_refresh: bool = False, refused: str | None = None) -> str:
         """The current token; a new one when it is due for refresh or ``force_refresh`` is set.
@@ -195,7 +208,7 @@ class TokenSource:
                 # failed login leaves no cloud change to reconcile.
                 idempotent=True,
                 changes_cloud=False,
-                headers={**tenant_headers(self._config), "X-Auth-Type": "token"},
+                headers={**project_headers(self._config.project_id), "X-Auth-Type": "token"},
             )
         except CloudAuthFailed as err:
             who = (
@@ -216,6 +229,9 @@ class TokenSource:
             )
         if self._on_token is not None:
             self._on_token(value)
+        project = body.get("project_id")
+        if isinstance(project, str) and project:
+            self._answered_project = project
         lifetime = parse_expiry(body, self._wall())
         if lifetime is None:
             lifetime = DEFAULT_TOKEN_LIFETIME

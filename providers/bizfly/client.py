@@ -14,8 +14,7 @@ catalog entry ``kubernetes_engine`` whose region matches after normalisation (re
 catalog (``<api_url>/api/auth/service``) needs no credentials, as upstream, and is read once.
 
 Every call has a deadline, bounded retries, a circuit breaker (providers/http_transport.py) and the
-upstream headers: ``X-Auth-Token``, ``X-Auth-Type: token``, ``X-Tenant-Name`` (the e-mail) and
-``X-Tenant-Id``.
+current vendor client's headers: ``X-Auth-Token``, ``X-Auth-Type: token`` and ``X-Project-ID`` (auth.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Keys besides the ones every cloud has (``request_timeout``, ``max_attempts``: pr
 ==========================  ====================================================================
 ``auth_method``             ``password`` or ``application_credential`` (inferred when only one kind
                             of credential is given)
-``email`` / ``password``    password flow; ``email`` is also sent as ``X-Tenant-Name`` like upstream
+``email`` / ``password``    password flow
 ``app_credential_id`` /     application-credential flow
 ``app_credential_secret``
 ``password_env``,           names of environment variables holding those secrets, so the file can
@@ -16,14 +16,21 @@ Keys besides the ones every cloud has (``request_timeout``, ``max_attempts``: pr
                             (``<api_url>/api/auth/service``) and of the default token URL
 ``token_url``               default ``<api_url>/api/token`` (upstream hard-codes the production URL)
 ``kubernetes_engine_url``   the Kubernetes Engine endpoint; when set, the catalog is not read
-``tenant_id``               sent as ``X-Tenant-Id`` (empty when unset, as upstream)
+``project_id``              the project (32 hexadecimal characters) the cluster belongs to: it scopes the
+                            login and is sent as ``X-Project-ID``, as the current vendor client does;
+                            when unset, the project the token answer names is sent
+``tenant_id``               the older name of ``project_id`` (upstream ``BIZFLYCLOUD_TENANT_ID``, which
+                            the Bizfly cloud-controller-manager also passes on as the project id)
+``region_label``            the value of ``topology.kubernetes.io/region`` on the cluster's nodes, for
+                            scale-from-zero templates; default the region's short code (``HN``, ``HCM``)
 ``cluster_name``            the cluster UID as the API expects it in paths (upstream ``CLUSTER_NAME``)
 ==========================  ====================================================================
 
 When this is the only Bizfly backend, the upstream variables override the file:
 ``BIZFLYCLOUD_AUTH_METHOD``, ``BIZFLYCLOUD_EMAIL``, ``BIZFLYCLOUD_PASSWORD``,
 ``BIZFLYCLOUD_APP_CREDENTIAL_ID``, ``BIZFLYCLOUD_APP_CREDENTIAL_SECRET``, ``BIZFLYCLOUD_REGION``,
-``BIZFLYCLOUD_API_URL``, ``BIZFLYCLOUD_TENANT_ID``, ``CLUSTER_NAME`` (an empty variable counts as unset).
+``BIZFLYCLOUD_API_URL``, ``BIZFLYCLOUD_PROJECT_ID`` (the Bizfly Terraform provider's name),
+``BIZFLYCLOUD_TENANT_ID``, ``CLUSTER_NAME`` (an empty variable counts as unset).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
 from pydantic_core import InitErrorDetails
 
-from providers.bizfly.regions import normalize_region
+from providers.bizfly.regions import normalize_region, region_code
 from providers.config_values import (
     CloudSettings,
     Secret,
@@ -56,6 +63,11 @@ DEFAULT_REGION = "HN"
 _EXAMPLE_URL = "https://manage.bizflycloud.vn"
 # Path segments are joined unescaped by the API client, so the cluster UID must be one plain segment.
 _CLUSTER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Bizfly projects are OpenStack Keystone projects: their ids are 32 hexadecimal characters.
+_PROJECT = re.compile(r"^[0-9a-fA-F]{32}$")
+_PROJECT_EXAMPLE = "fd109a330e1a4ffbb85c336972d5aed4"
+# A Kubernetes label value (63 characters at most).
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?$")
 # What each login needs, and how to give it.
 _REQUIRED = {
     PASSWORD: {
@@ -104,6 +116,27 @@ def _region(value: Any) -> str:
     return region
 
 
+def _project_id(value: Any) -> str:
+    text = _text(value)
+    if text and not _PROJECT.match(text):
+        raise problem(
+            f"{text!r} is not a Bizfly project id (32 hexadecimal characters)",
+            f"use the project's ID from the Bizfly dashboard, like {_PROJECT_EXAMPLE}, not its name; or leave it "
+            "unset to use the project the login gives",
+        )
+    return text.lower()
+
+
+def _region_label(value: Any) -> str:
+    text = _text(value)
+    if not _LABEL_VALUE.match(text):
+        raise problem(
+            f"{text!r} is not a Kubernetes label value",
+            "write the value your nodes carry in topology.kubernetes.io/region, e.g. HN",
+        )
+    return text
+
+
 def _given(raw: Mapping[str, Any], key: str) -> bool:
     return raw.get(key) not in (None, "")
 
@@ -129,6 +162,7 @@ class BizflyConfig(CloudSettings):
         "app_credential_secret": "BIZFLYCLOUD_APP_CREDENTIAL_SECRET",
         "region": "BIZFLYCLOUD_REGION",
         "api_url": "BIZFLYCLOUD_API_URL",
+        "project_id": "BIZFLYCLOUD_PROJECT_ID",
         "tenant_id": "BIZFLYCLOUD_TENANT_ID",
         "cluster_name": "CLUSTER_NAME",
     }
@@ -142,13 +176,20 @@ class BizflyConfig(CloudSettings):
     token_url: api_base_url(_EXAMPLE_URL) = ""  # type: ignore[valid-type]
     kubernetes_engine_url: api_base_url(f"{_EXAMPLE_URL}/api/kubernetes-engine") | None = None  # type: ignore[valid-type]
     email: Text = ""
-    tenant_id: Text = ""
+    project_id: Annotated[str, BeforeValidator(_project_id)] = ""
+    tenant_id: Annotated[str, BeforeValidator(_project_id)] = ""
+    region_label: Annotated[str, BeforeValidator(_region_label)] = ""
     app_credential_id: Text = ""
     password: Secret = ""
     app_credential_secret: Secret = ""
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        errors = _project_rules(raw)
+        return errors + cls._login_rules(raw, context)
+
+    @classmethod
+    def _login_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
         offline = bool(context.get("offline"))
         method = infer_auth_method(raw)
         if not method:
@@ -171,12 +212,28 @@ class BizflyConfig(CloudSettings):
         # The other flow's secrets are not kept around; the token URL follows api_url by default.
         self.__dict__.update(
             auth_method=method,
+            project_id=self.project_id or self.tenant_id,
+            region_label=self.region_label or region_code(self.region),
             token_url=self.token_url or default_token_url(self.api_url),
             password=self.password if method == PASSWORD else "",
             app_credential_id=self.app_credential_id if method == APPLICATION_CREDENTIAL else "",
             app_credential_secret=self.app_credential_secret if method == APPLICATION_CREDENTIAL else "",
         )
         return self
+
+
+def _project_rules(raw: Mapping[str, Any]) -> list[InitErrorDetails]:
+    """``project_id`` and its older name ``tenant_id`` may both be given only with the same value."""
+    project, tenant = (str(raw.get(k) or "").strip().lower() for k in ("project_id", "tenant_id"))
+    if _PROJECT.match(project) and _PROJECT.match(tenant) and project != tenant:
+        return [
+            rule_error(
+                "tenant_id",
+                f"names project {tenant!r} while project_id names {project!r}",
+                "keep one of them (project_id, or BIZFLYCLOUD_PROJECT_ID, is the current name)",
+            )
+        ]
+    return []
 
 
 def parse_config(key: str, raw: Mapping[str, Any], env: Mapping[str, str], env_applies: bool) -> BizflyConfig:

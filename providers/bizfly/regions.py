@@ -29,6 +29,12 @@ _SEPARATORS = re.compile(r"[\s._-]+")
 
 KNOWN_REGIONS = (HANOI, HOCHIMINH, VC_HANOI)
 
+# Bizfly's own short code of a region (its regions answer pairs region_name HaNoi with short_name HN and
+# HoChiMinh with HCM; zones are HN1, HN2, HCM1). The cloud-controller-manager's default region is HN, and
+# it writes its region into the topology.kubernetes.io/region label of every node (docs/bizfly.md,
+# "Templates"). VC-HaNoi has no public short code: its canonical name is used.
+_CODES = {HANOI: "HN", HOCHIMINH: "HCM"}
+
 
 def _squash(region: str) -> str:
     return _SEPARATORS.sub("", region.strip()).lower()
@@ -41,6 +47,13 @@ def normalize_region(region: str) -> str:
     catalog comparison (``same_region``) still ignores case and separators for them.
     """
     return _ALIASES.get(_squash(region), region.strip())
+
+
+def region_code(region: str) -> str:
+    """The short code of ``region`` (``HN`` for any spelling of Ha Noi, ``HCM`` for Ho Chi Minh), else its
+    canonical name: the value real nodes carry in ``topology.kubernetes.io/region``."""
+    canonical = normalize_region(region)
+    return _CODES.get(canonical, canonical)
 
 
 def same_region(left: str, right: str) -> bool:

@@ -4,9 +4,12 @@ Upstream has no template at all, so the CA can never scale a Bizfly pool up from
 (docs/bizfly.md, "Templates"). A template is built here
 from, in increasing priority:
 
-1. well-known labels: ``kubernetes.io/os=linux``, ``kubernetes.io/arch=amd64``,
-   ``node.kubernetes.io/instance-type=<flavor>``, ``topology.kubernetes.io/zone=<availability_zone>``,
-   ``topology.kubernetes.io/region=<canonical region>``, ``bke.bizflycloud.vn/pool-name=<pool name>``;
+1. well-known labels: ``kubernetes.io/os=linux``, ``kubernetes.io/arch=amd64``, and what the Bizfly
+   cloud-controller-manager puts on every node through Kubernetes' cloud node controller, under both
+   the GA and the older beta keys: the instance type (the server's flavor name, which is the pool's
+   ``flavor``), the zone (the server's availability zone, the pool's ``availability_zone``) and the region
+   (the controller's own region setting, ``HN`` by default: ``region_label`` in the config, never the
+   catalog's ``HaNoi``); then ``bke.bizflycloud.vn/pool-name=<pool name>``;
 2. the labels a real node of the pool carried when the CA last asked NodeGroupForNode about it
    (kept by the Backend, so a pool scaled to 0 keeps them, and only those that describe the pool:
    providers/node_labels.py), minus per-node labels (hostname, node id);
@@ -49,6 +52,10 @@ GPU_LABEL = "bke.bizflycloud.vn/gpu-node"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 REGION_LABEL = "topology.kubernetes.io/region"
+# The cloud node controller writes each of these next to its GA key, with the same value.
+BETA_INSTANCE_TYPE_LABEL = "beta.kubernetes.io/instance-type"
+BETA_ZONE_LABEL = "failure-domain.beta.kubernetes.io/zone"
+BETA_REGION_LABEL = "failure-domain.beta.kubernetes.io/region"
 
 # Labels that identify one machine rather than the pool: never copied into a template.
 PER_NODE_LABELS = frozenset(
@@ -188,9 +195,12 @@ def pool_level_labels(observed: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def build_template(
-    pool: Mapping[str, Any], region: str, observed_labels: Mapping[str, str] | None
+    pool: Mapping[str, Any], region_label: str, observed_labels: Mapping[str, str] | None
 ) -> NodeTemplate | None:
-    """The template of a new node of ``pool``; None when its size cannot be known."""
+    """The template of a new node of ``pool``; None when its size cannot be known.
+
+    ``region_label`` is the value real nodes carry in ``topology.kubernetes.io/region`` (config
+    ``region_label``, default the region's short code such as ``HN``)."""
     observed = pool_level_labels(observed_labels)
     flavor_name = str(pool.get("flavor") or "")
     flavor = flavor_from_detail(pool.get("flavor_detail")) or parse_flavor(flavor_name)
@@ -200,12 +210,12 @@ def build_template(
         return None
     labels: dict[str, str] = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
     if flavor_name:
-        labels[INSTANCE_TYPE_LABEL] = flavor_name
+        labels[INSTANCE_TYPE_LABEL] = labels[BETA_INSTANCE_TYPE_LABEL] = flavor_name
     zone = pool.get("availability_zone")
     if isinstance(zone, str) and zone:
-        labels[ZONE_LABEL] = zone
-    if region:
-        labels[REGION_LABEL] = region
+        labels[ZONE_LABEL] = labels[BETA_ZONE_LABEL] = zone
+    if region_label:
+        labels[REGION_LABEL] = labels[BETA_REGION_LABEL] = region_label
     name = pool.get("name")
     if isinstance(name, str) and name:
         labels[POOL_NAME_LABEL] = name

@@ -26,7 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from providers.backend import Backend
+from providers.backend import KIND_WORDS, Backend
 from providers.errors import (
     ChangeOutcomeUnknown,
     CloudAuthFailed,
@@ -60,6 +60,8 @@ FAILED_SCALE_DOWN = "FailedScaleDown"  # DecreaseTargetSize failed at the cloud
 FAILED_TO_DELETE_NODE = "FailedToDeleteNode"  # DeleteNodes failed at the cloud, for some node at least
 BACKEND_STALE = "BackendStale"  # a backend stopped serving: its cloud state is beyond max_staleness
 BACKEND_FRESH = "BackendFresh"  # a backend that did not serve serves again
+# the cloud refuses a backend's configuration (credentials, cluster id, region): no retry cures it
+BACKEND_REFUSED = "BackendRefused"
 
 _SUCCESS = {"increase": SCALED_UP_GROUP, "decrease": SCALED_DOWN_GROUP, "delete": DELETED_NODES}
 _FAILURE = {"increase": FAILED_SCALE_UP, "decrease": FAILED_SCALE_DOWN, "delete": FAILED_TO_DELETE_NODE}
@@ -285,6 +287,16 @@ def backend_event(backend: Backend, serving: bool) -> EventSpec:
         return EventSpec(
             BACKEND_FRESH, NORMAL, f"Backend {backend.name} serves its {groups} node group(s) again", "Sync"
         )
+    error = redact(health.last_error[: MAX_MESSAGE * 2]) or "none"
+    if health.refused:
+        what = KIND_WORDS.get(health.kind, "the cloud refused it")
+        kept = "it serves no node group" if not health.synced else "its last good snapshot is served for now"
+        return EventSpec(
+            BACKEND_REFUSED,
+            WARNING,
+            _cut(f"Backend {backend.name}: {what}; {kept}. Check {health.check}. Last error: {error}"),
+            "Sync",
+        )
     if not health.synced:
         state = "has no cloud state yet"
     else:
@@ -292,7 +304,6 @@ def backend_event(backend: Backend, serving: bool) -> EventSpec:
             f"serves nothing: its last good sync is {health.age or 0:.0f}s old "
             f"(bound {backend.settings.max_staleness:.0f}s)"
         )
-    error = redact(health.last_error[: MAX_MESSAGE * 2]) or "none"
     return EventSpec(BACKEND_STALE, WARNING, _cut(f"Backend {backend.name} {state}; last error: {error}"), "Sync")
 
 
@@ -302,7 +313,9 @@ def render_status(backends: Iterable[Backend]) -> str:
     lines = []
     for backend in backends:
         health = backend.health()
-        if health.serving:
+        if health.refused:
+            state = f"REFUSED BY THE CLOUD ({health.kind}; check {health.check})"
+        elif health.serving:
             state = "serving"
         elif not health.synced:
             state = "NOT SYNCED YET"
@@ -421,7 +434,7 @@ class EventRecorder:
         health = backend.health()
         if not health.synced and health.consecutive_failures == 0:
             return  # its first sync has not ended yet: nothing to say
-        serving = health.serving
+        serving = health.usable  # serving and not refused by the cloud (credentials, cluster, region)
         with self._serving_lock:
             # A backend is expected to serve: a first sync that succeeds says nothing, one that fails is stale.
             before = self._serving.get(backend.name, True)

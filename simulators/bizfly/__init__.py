@@ -13,23 +13,27 @@ from simulators.bizfly.auth import DEFAULT_APP_CREDENTIALS, DEFAULT_USERS
 from simulators.bizfly.scenario import DEMO_CLUSTER_UID, ScenarioError, demo_scenario, load_scenario_file
 from simulators.bizfly.simulator import BizflySimulator
 from simulators.bizfly.state import (
+    DEFAULT_PROJECT_ID,
     NODE_ID_LABEL,
     POOL_NAME_LABEL,
     PROVIDER_ID_PREFIX,
-    REAL_VOCABULARY,
+    PROVISIONING_VOCABULARY,
+    SENLIN_VOCABULARY,
     UPSTREAM_VOCABULARY,
+    ApiShapes,
     StatusVocabulary,
     Timings,
 )
 
 __all__ = [
     "DEFAULT_APP_CREDENTIALS",
+    "DEFAULT_PROJECT_ID",
     "DEFAULT_USERS",
     "DEMO_CLUSTER_UID",
     "NODE_ID_LABEL",
     "POOL_NAME_LABEL",
     "PROVIDER_ID_PREFIX",
-    "REAL_VOCABULARY",
+    "PROVISIONING_VOCABULARY",
     "ROUTE_CATALOG",
     "ROUTE_DELETE_NODE",
     "ROUTE_GET_CLUSTER",
@@ -37,7 +41,9 @@ __all__ = [
     "ROUTE_LIST_CLUSTERS",
     "ROUTE_TOKEN",
     "ROUTE_UPDATE_POOL",
+    "SENLIN_VOCABULARY",
     "UPSTREAM_VOCABULARY",
+    "ApiShapes",
     "BizflySimulator",
     "ScenarioError",
     "StatusVocabulary",

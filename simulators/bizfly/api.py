@@ -29,8 +29,9 @@ ROUTE_DELETE_NODE = "delete_node"
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    """Bizfly error bodies have no published schema and gobizfly never parses them; ``{"message": ...}``
-    is what its own fixtures show, and the status is repeated so logs are self-explanatory."""
+    """Bizfly error bodies have no published schema and gobizfly never parses them (it keeps the raw text);
+    ``{"message": ...}`` is the shape of the vendor's own small answers, and the status is repeated so
+    logs are self-explanatory."""
     return {"message": message, "code": status}
 
 
@@ -116,16 +117,11 @@ class BizflyApi:
         tokens: TokenIssuer,
         catalog: CatalogSettings,
         base_url: Callable[[], str],
-        *,
-        project_id: str,
-        project_name: str,
     ) -> None:
         self.state = state
         self.tokens = tokens
         self.catalog = catalog
         self._base_url = base_url
-        self._project_id = project_id
-        self._project_name = project_name
 
     def register(self, server: JsonApiServer) -> None:
         server.route("POST", "/api/token", ROUTE_TOKEN, self.create_token)
@@ -141,8 +137,8 @@ class BizflyApi:
 
     # ----- auth -----------------------------------------------------------------------------------------
     def create_token(self, request: SimRequest) -> SimResponse:
-        # A stale X-Auth-Token and the X-Tenant-* headers arrive here too (gobizfly sends them on a login);
-        # they are ignored.
+        # A stale X-Auth-Token, X-Project-ID and the old X-Tenant-* headers arrive here too (gobizfly sends
+        # them on a login); they are ignored: the body's project_id scopes the token.
         try:
             issued = self.tokens.issue(request.body)
         except AuthRejected as exc:
@@ -154,8 +150,8 @@ class BizflyApi:
                 "token": issued.token,
                 "expires_at": expires,
                 "expire_at": expires,  # the newer gobizfly's spelling
-                "project_id": self._project_id,
-                "project_name": self._project_name,
+                "project_id": issued.project_id,
+                "project_name": self.tokens.projects.get(issued.project_id, ""),
             },
         )
 
@@ -163,49 +159,60 @@ class BizflyApi:
         # Deliberately unauthenticated: upstream fetches it with no headers at all.
         return SimResponse(200, {"services": self.catalog.services(self._base_url())})
 
-    def _authenticate(self, request: SimRequest) -> None:
+    def _authenticate(self, request: SimRequest) -> str:
+        """Check the credentials; the project the call acts in: ``X-Project-ID`` when the client sends one
+        (as the current vendor client does), else the token's. The old ``X-Tenant-*`` headers are ignored."""
         headers = request.headers
         # The newer gobizfly sends application credentials on every call instead of a token.
         if headers.get("x-auth-type") == "application_credential":
             credential_id = headers.get("x-app-credential-id", "")
             secret = headers.get("x-app-credential-secret", "")
             if credential_id and secret and self.tokens.app_credential_valid(credential_id, secret):
-                return
+                return self._project(headers.get("x-project-id") or self.tokens.default_project)
             raise SimError(401, "Invalid application credential")
         try:
-            self.tokens.check(headers.get("x-auth-token"))
+            issued = self.tokens.check(headers.get("x-auth-token"))
         except AuthRejected as exc:
             raise SimError(401, str(exc)) from exc
+        return self._project(headers.get("x-project-id") or issued.project_id)
+
+    def _project(self, project_id: str) -> str:
+        if self.tokens.projects and project_id not in self.tokens.projects:
+            raise SimError(403, f"You are not allowed to act in project {project_id}")
+        return project_id
 
     # ----- Kubernetes Engine ----------------------------------------------------------------------------
     def list_clusters(self, request: SimRequest) -> SimResponse:
-        self._authenticate(request)
-        return SimResponse(200, {"clusters": self.state.list_clusters_json()})
+        project = self._authenticate(request)
+        return SimResponse(200, {"clusters": self.state.list_clusters_json(project)})
 
     def get_cluster(self, request: SimRequest) -> SimResponse:
-        self._authenticate(request)
+        project = self._authenticate(request)
         with state_errors():
-            return SimResponse(200, self.state.cluster_json(request.params["cluster_uid"]))
+            return SimResponse(200, self.state.cluster_json(request.params["cluster_uid"], project))
 
     def get_pool(self, request: SimRequest) -> SimResponse:
-        self._authenticate(request)
+        project = self._authenticate(request)
+        params = request.params
         with state_errors():
-            return SimResponse(200, self.state.pool_json(request.params["cluster_uid"], request.params["pool_id"]))
+            return SimResponse(200, self.state.pool_json(params["cluster_uid"], params["pool_id"], project))
 
     def update_pool(self, request: SimRequest) -> SimResponse:
-        self._authenticate(request)
+        project = self._authenticate(request)
         with state_errors():
             # ``{}`` is what gobizfly sends for a target of 0 (omitempty); it is a valid no-op.
             update = PoolUpdate.from_json(request.body)
-            body = self.state.update_pool(request.params["cluster_uid"], request.params["pool_id"], update)
+            body = self.state.update_pool(request.params["cluster_uid"], request.params["pool_id"], update, project)
             return SimResponse(200, body)
 
     def delete_node(self, request: SimRequest) -> SimResponse:
-        self._authenticate(request)
+        project = self._authenticate(request)
         force = request.query.get("force", "").lower() in ("true", "1", "yes")
         params = request.params
         with state_errors():
-            self.state.delete_node(params["cluster_uid"], params["pool_id"], params["node_id"], force=force)
+            self.state.delete_node(
+                params["cluster_uid"], params["pool_id"], params["node_id"], force=force, project_id=project
+            )
         return SimResponse(202, {"message": f"Deleting node {params['node_id']}", "force": force})
 
 

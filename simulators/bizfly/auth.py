@@ -3,6 +3,10 @@
 Tokens are opaque strings with an expiry on the simulator clock. Both spellings of the application
 credential fields are accepted: gobizfly sends ``credential_id``/``credential_secret``, the Bizfly docs
 name ``application_credential_id``/``application_credential_secret``.
+
+Each token is scoped to a project (a Keystone project: 32 hexadecimal characters): the ``project_id`` of
+the token request when the account has that project (else the login is refused), the account's default
+project otherwise. The answer names it (``project_id``, ``project_name``), as the vendor client expects.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class IssuedToken:
     expires_at: float
     method: str
     principal: str  # the username or the application-credential id
+    project_id: str = ""
 
 
 class TokenIssuer:
@@ -41,6 +46,8 @@ class TokenIssuer:
         users: Mapping[str, str] | None = None,
         app_credentials: Mapping[str, str] | None = None,
         ttl: float = 3600.0,
+        projects: Mapping[str, str] | None = None,
+        default_project: str = "",
     ) -> None:
         self._now = clock_now
         self._lock = threading.Lock()
@@ -48,6 +55,11 @@ class TokenIssuer:
         self._app_credentials = dict(DEFAULT_APP_CREDENTIALS if app_credentials is None else app_credentials)
         self.ttl = ttl
         self._tokens: dict[str, IssuedToken] = {}
+        # project id -> name: the projects the account's users and credentials may act in.
+        self.projects = dict(projects or {})
+        self.default_project = default_project
+        if default_project:
+            self.projects.setdefault(default_project, "default")
 
     def issue(self, body: Any) -> IssuedToken:
         """Issue a token for a ``POST /api/token`` body, or raise ``AuthRejected``."""
@@ -62,11 +74,15 @@ class TokenIssuer:
             # An unset auth_method is what upstream sends when it re-authenticates without stored
             # credentials; the answer is a 401 like any refused login.
             raise AuthRejected(f"Unsupported auth_method {method!r}")
+        project = body.get("project_id") or self.default_project
+        if self.projects and project not in self.projects:
+            raise AuthRejected(f"The account has no project {project!r}")
         issued = IssuedToken(
             token="gAAAAA" + secrets.token_urlsafe(48),
             expires_at=self._now() + self.ttl,
             method=method,
             principal=principal,
+            project_id=str(project),
         )
         with self._lock:
             self._tokens[issued.token] = issued
@@ -114,7 +130,7 @@ class TokenIssuer:
         with self._lock:
             for token, issued in self._tokens.items():
                 if issued.expires_at > now:
-                    self._tokens[token] = IssuedToken(token, now, issued.method, issued.principal)
+                    self._tokens[token] = IssuedToken(token, now, issued.method, issued.principal, issued.project_id)
             return len(self._tokens)
 
     def revoke(self, token: str) -> bool:

@@ -5,18 +5,27 @@ A scenario is a plain dict (or a YAML file with the same shape)::
     account:                       # who may log in (defaults in auth.py)
       users: {user@example.com: s3cret-password}
       app_credentials: {app-cred-id: app-cred-secret}
-      project_id: ...              # echoed in token answers
+      project_id: ...              # the default project: tokens are scoped to it unless a login names another
       project_name: ...
+      projects: {<id>: <name>}     # further projects of the account (ids are 32 hexadecimal characters)
     catalog: {region: HN, other_regions: [HCM]}
     token_ttl: 3600                # seconds of simulated time
-    status_vocabulary: real        # real (PROVISIONING/ACTIVE/DELETING/ERROR) or upstream (lowercase)
-    timings: {provision_seconds: 120, delete_seconds: 30, force_delete_seconds: 0}
-    api: {delete_accepts_physical_id: false, rate_limit: {per_second: 20, burst: 40}}
+    status_vocabulary: senlin      # senlin (INIT/CREATING/ACTIVE/DELETING/ERROR...), provisioning
+                                   # (PROVISIONING/ACTIVE/...: the former default) or upstream (lowercase)
+    timings: {provision_seconds: 120, delete_seconds: 30, force_delete_seconds: 0, init_seconds: 2,
+              pool_provision_seconds: 60}
+    api:
+      delete_accepts_physical_id: false
+      rate_limit: {per_second: 20, burst: 40}
+      timestamps: naive            # naive (as the API writes created_at) or utc (with a Z: the former shape)
+      stats_key: stats             # stats (null totals, as the API) or stat (the former shape)
+      node_names: mixed            # mixed (Senlin's node names) or lower (the former lower-case names)
     seed: 1                        # generated ids are reproducible
     clusters:
       - uid: ke1m4ea3j8w6kkvp      # optional; generated when absent
         name: demo
         kubernetes_version: 1.30.4
+        project_id: ...            # optional; the account's default project
         pools:
           - id: 5f959e0ac0b18944d0a4f13a   # optional
             name: general
@@ -28,6 +37,7 @@ A scenario is a plain dict (or a YAML file with the same shape)::
             labels: {tier: web}
             taints: [{key: dedicated, value: web, effect: NoSchedule}]
             nodes: 2               # a count of running nodes, or a list of {id, physical_id, name, status}
+            pending: false         # true: PENDING_PROVISION (null autoscaling group) for a while, no nodes
 
 ``nodes`` defaults to ``desired_size`` running nodes; when it differs, the pool converges on
 ``desired_size`` as soon as the simulator reads its state.
@@ -42,7 +52,14 @@ from typing import Any
 
 import yaml
 
-from simulators.bizfly.state import VOCABULARIES, BizflyState, StatusVocabulary, Timings
+from simulators.bizfly.state import (
+    DEFAULT_PROJECT_ID,
+    VOCABULARIES,
+    ApiShapes,
+    BizflyState,
+    StatusVocabulary,
+    Timings,
+)
 
 DEMO_CLUSTER_UID = "ke1m4ea3j8w6kkvp"
 
@@ -59,6 +76,7 @@ class ScenarioSettings:
     app_credentials: Mapping[str, str] | None
     project_id: str
     project_name: str
+    projects: Mapping[str, str]
     catalog_region: str | None
     other_regions: tuple[str, ...]
     token_ttl: float | None
@@ -67,6 +85,7 @@ class ScenarioSettings:
     delete_accepts_physical_id: bool
     rate_limit: tuple[float, int] | None
     seed: int
+    shapes: ApiShapes
 
 
 def load_scenario_file(path: str | Path) -> dict[str, Any]:
@@ -97,7 +116,7 @@ def _string_map(value: Any, key: str) -> dict[str, str] | None:
 def parse_settings(scenario: Mapping[str, Any]) -> ScenarioSettings:
     if not isinstance(scenario, Mapping):
         raise ScenarioError("a scenario must be a mapping")
-    vocabulary_name = scenario.get("status_vocabulary", "real")
+    vocabulary_name = scenario.get("status_vocabulary", "senlin")
     if vocabulary_name not in VOCABULARIES:
         raise ScenarioError(f"status_vocabulary: expected one of {sorted(VOCABULARIES)}, got {vocabulary_name!r}")
     try:
@@ -118,11 +137,16 @@ def _parse_settings(scenario: Mapping[str, Any], vocabulary: StatusVocabulary) -
     timings = Timings(**{k: float(v) for k, v in _mapping(scenario, "timings").items()})
     rate = _mapping(api, "rate_limit")
     ttl = scenario.get("token_ttl")
+    shapes = ApiShapes(**{k: str(api[k]) for k in ("timestamps", "stats_key", "node_names") if k in api})
+    project_id = str(account.get("project_id", DEFAULT_PROJECT_ID))
+    project_name = str(account.get("project_name", "demo-project"))
+    projects = {project_id: project_name, **(_string_map(account.get("projects"), "account.projects") or {})}
     return ScenarioSettings(
         users=_string_map(account.get("users"), "account.users"),
         app_credentials=_string_map(account.get("app_credentials"), "account.app_credentials"),
-        project_id=str(account.get("project_id", "c4c0aa4a2b3f4c86a9d7c8b0c5bd6f11")),
-        project_name=str(account.get("project_name", "demo-project")),
+        project_id=project_id,
+        project_name=project_name,
+        projects=projects,
         catalog_region=None if catalog.get("region") is None else str(catalog["region"]),
         other_regions=tuple(str(r) for r in other_regions),
         token_ttl=None if ttl is None else float(ttl),
@@ -131,6 +155,7 @@ def _parse_settings(scenario: Mapping[str, Any], vocabulary: StatusVocabulary) -
         delete_accepts_physical_id=bool(api.get("delete_accepts_physical_id", False)),
         rate_limit=(float(rate["per_second"]), int(rate.get("burst", 1))) if rate else None,
         seed=int(scenario.get("seed", 1)),
+        shapes=shapes,
     )
 
 
@@ -148,6 +173,7 @@ def populate(state: BizflyState, scenario: Mapping[str, Any]) -> None:
                 str(cluster_spec["name"]),
                 uid=cluster_spec.get("uid"),
                 kubernetes_version=str(cluster_spec.get("kubernetes_version", "1.30.4")),
+                project_id=None if cluster_spec.get("project_id") is None else str(cluster_spec["project_id"]),
             )
             for pool_index, pool_spec in enumerate(cluster_spec.get("pools") or []):
                 _add_pool(state, cluster.uid, pool_spec, f"{where}.pools[{pool_index}]")
@@ -187,6 +213,7 @@ def _add_pool(state: BizflyState, cluster_uid: str, spec: Any, where: str) -> No
         taints=[dict(t) for t in spec.get("taints") or []],
         availability_zone=str(spec.get("availability_zone", "HN1")),
         nodes=nodes,
+        pending=bool(spec.get("pending", False)),
     )
 
 

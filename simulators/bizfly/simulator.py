@@ -12,7 +12,7 @@ from typing import Any
 from simulators.bizfly.api import ROUTE_TOKEN, BizflyApi, CatalogSettings, error_body, state_errors
 from simulators.bizfly.auth import TokenIssuer
 from simulators.bizfly.scenario import parse_settings, populate
-from simulators.bizfly.state import BizflyState
+from simulators.bizfly.state import QUOTA_REASON, BizflyState
 from simulators.common.clock import Clock, ManualClock
 from simulators.common.faults import Fault, FaultInjector
 from simulators.common.http import JsonApiServer, SimError, SimRequest, SimResponse
@@ -50,6 +50,8 @@ class BizflySimulator:
             timings=settings.timings,
             delete_accepts_physical_id=settings.delete_accepts_physical_id,
             seed=settings.seed,
+            shapes=settings.shapes,
+            default_project=settings.project_id,
         )
         populate(self.state, scenario)
         self.tokens = TokenIssuer(
@@ -57,6 +59,8 @@ class BizflySimulator:
             users=users if users is not None else settings.users,
             app_credentials=app_credentials if app_credentials is not None else settings.app_credentials,
             ttl=token_ttl if token_ttl is not None else settings.token_ttl or DEFAULT_TOKEN_TTL,
+            projects=settings.projects,
+            default_project=settings.project_id,
         )
         region = region_spelling or settings.catalog_region or DEFAULT_REGION
         self.catalog = CatalogSettings(region, settings.other_regions)
@@ -77,8 +81,6 @@ class BizflySimulator:
             self.tokens,
             self.catalog,
             lambda: self.catalog_base_url or self._server.url,
-            project_id=settings.project_id,
-            project_name=settings.project_name,
         )
         self._api.register(self._server)
         self._register_control_routes()
@@ -142,9 +144,20 @@ class BizflySimulator:
         """Name, ``providerID`` and labels of the Kubernetes Node behind each pool node."""
         return self.state.node_refs(cluster_uid)
 
-    def fail_next_scale_up(self, pool_id: str, count: int = 1, reason: str = "Creation failed: quota exceeded") -> None:
-        """The next ``count`` nodes the pool (id or name) creates end in the failed status."""
+    def fail_next_scale_up(self, pool_id: str, count: int = 1, reason: str = QUOTA_REASON) -> None:
+        """The next ``count`` nodes the pool (id or name) creates end in the failed status, their creation
+        failing with ``reason`` (Senlin: status_reason "Failed in creating server: <reason>.")."""
         self.state.fail_next_scale_up(pool_id, count, reason)
+
+    def fail_health_check(self, node: str, reason: str | None = None) -> None:
+        """A node that exists (id, physical_id or name) fails its health check: ERROR, "Check: Node is not
+        ACTIVE." by default; it stays in the pool, not Ready."""
+        self.state.fail_health_check(node, reason)
+
+    @property
+    def project_id(self) -> str:
+        """The account's default project (what a token is scoped to unless the login names another)."""
+        return self.tokens.default_project
 
     def set_pool_labels_and_taints(self, pool_id: str, labels: dict[str, str], taints: list[dict[str, str]]) -> None:
         """Replace the labels and taints the pool (id or name) gives its nodes."""
@@ -175,6 +188,7 @@ class BizflySimulator:
         server = self._server
         server.control_route("POST", "bizfly/fail-next-scale-up", self._control_fail_next_scale_up)
         server.control_route("POST", "bizfly/node-status", self._control_node_status)
+        server.control_route("POST", "bizfly/fail-health-check", self._control_fail_health_check)
         server.control_route("POST", "bizfly/expire-tokens", self._control_expire_tokens)
         server.control_route("POST", "bizfly/catalog", self._control_catalog)
         server.control_route("GET", "bizfly/node-refs/{cluster_uid}", self._control_node_refs)
@@ -200,6 +214,12 @@ class BizflySimulator:
         body = self._control_body(request, "node", "status")
         with state_errors():
             self.set_node_status(str(body["node"]), str(body["status"]), body.get("reason"))
+        return SimResponse(200, {"ok": True})
+
+    def _control_fail_health_check(self, request: SimRequest) -> SimResponse:
+        body = self._control_body(request, "node")
+        with state_errors():
+            self.fail_health_check(str(body["node"]), body.get("reason"))
         return SimResponse(200, {"ok": True})
 
     def _control_expire_tokens(self, _request: SimRequest) -> SimResponse:

@@ -286,3 +286,11 @@ def test_every_rbac_rule_says_why() -> None:
     assert len(rules) >= 20
     for i in rules:
         assert lines[i - 1].lstrip().startswith("#"), f"rule at line {i + 1} has no comment above it"
+
+
+@pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("source", CHARTS, ids=lambda s: s.label)
+def test_the_ca_deployment_uses_the_strategy_the_docs_name(source: ChartSource, values: Path) -> None:
+    # docs/operations.md ("Upgrading"): "The Deployments use the Recreate strategy".
+    assert "The Deployments use the `Recreate` strategy" in (DEPLOY.parent / "docs" / "operations.md").read_text()
+    assert deployment(rendered(source, values))["spec"].get("strategy") == {"type": "Recreate"}

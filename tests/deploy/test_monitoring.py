@@ -55,6 +55,7 @@ def test_prometheus_rules_are_well_formed_and_parse() -> None:
     metrics = " ".join(r["expr"] for r in rules)
     for needed in (
         "ca_externalgrpc_snapshot_stale",
+        "ca_externalgrpc_backend_sync_failure",
         'circuit_breaker_state{state="open"}',
         "grpc_server_handled_total",
         'status="429"',

@@ -25,7 +25,7 @@ _DUMMIES = {
     "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": "dummy-application-credential-secret",
     "BIZFLYCLOUD_EMAIL": "ops@example.com",
     "BIZFLYCLOUD_PASSWORD": "dummy-password",
-    "BIZFLYCLOUD_TENANT_ID": "8d1f3b0c5e7a4b2f9c6d0e1a2b3c4d5e",
+    "BIZFLYCLOUD_PROJECT_ID": "8d1f3b0c5e7a4b2f9c6d0e1a2b3c4d5e",
     "CLUSTER_NAME": "ke1m4ea3j8w6kkvp",
 }
 

@@ -42,6 +42,7 @@ MAX_PODS = 110
 # Scaleway node statuses in which the kubelet has registered the Node (it is still there while draining).
 SCALEWAY_REGISTERED = frozenset({"not_ready", "ready", "rebooting", "upgrading", "locked", "deleting"})
 SCALEWAY_RUNNING = frozenset({"ready", "upgrading", "locked"})
+# What the Bizfly cloud-controller-manager writes into the region labels with its default settings.
 BIZFLY_REGION = "HN"
 
 
@@ -129,15 +130,21 @@ def bizfly_machines(state: dict[str, Any]) -> list[Machine]:
             capacity, allocatable = bizfly_resources(pool)
             for node in pool.get("nodes", []):
                 identity = node.get("k8s") or {}
-                # A Bizfly machine joins the cluster once provisioned; a failed one never does.
-                if node["phase"] not in ("running", "deleting") or not identity.get("provider_id"):
+                # A Bizfly machine joins the cluster once provisioned; one whose creation failed never does.
+                # One that failed its health check later stays a Node, NotReady.
+                if node["phase"] not in ("running", "deleting", "unhealthy") or not identity.get("provider_id"):
                     continue
+                zone = str(pool.get("availability_zone") or "")
+                # The cloud node controller writes each cloud label under its GA and its beta key.
                 labels = {
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
                     "node.kubernetes.io/instance-type": str(pool["flavor"]),
+                    "beta.kubernetes.io/instance-type": str(pool["flavor"]),
                     "topology.kubernetes.io/region": BIZFLY_REGION,
-                    "topology.kubernetes.io/zone": str(pool.get("availability_zone") or ""),
+                    "failure-domain.beta.kubernetes.io/region": BIZFLY_REGION,
+                    "topology.kubernetes.io/zone": zone,
+                    "failure-domain.beta.kubernetes.io/zone": zone,
                     **identity.get("labels", {}),
                     "kubernetes.io/hostname": identity["name"],
                 }

@@ -3,14 +3,26 @@ in the middle of a scale-up, one cloud's API down for many loops."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import time
+from typing import Any
 
 import pytest
 
+from devstack.harness import REPO_ROOT, child_env, serve_command, server_config
 from simulators.common import Fault
-from tests.e2e.environment import E2EEnvironment, Layout, StartEnvironment, bizfly_pool, measure, scaleway_pool
+from tests.e2e.environment import (
+    E2EEnvironment,
+    Layout,
+    OurServer,
+    StartEnvironment,
+    bizfly_pool,
+    measure,
+    scaleway_pool,
+)
 from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, SCALE_UP, machines, pool_size
-from tests.e2e.report import record_timing
+from tests.e2e.report import publish, record_timing
 
 # Each scenario starts its own cluster (about 15 s) and waits for real loops: more than the default 120 s.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -156,3 +168,46 @@ def test_one_cloud_down_for_many_loops_the_other_keeps_autoscaling(start_environ
     env.ca.wait_for_loops(3, since=time.time(), timeout=30)
     late = env.ca.log.provider_errors(since=up + 10)
     assert not late, late
+
+
+WRONG_KEY = "00000000-0000-4000-8000-000000000000"
+ONE_CLOUD = Layout(scaleway_pools=[scaleway_pool("general", "DEV1-M", 1, 1, 3)], bizfly_pools=[])
+
+
+def test_a_wrong_secret_key_is_named_in_the_cas_own_log(start_environment: StartEnvironment) -> None:
+    """A first install with a wrong SCW_SECRET_KEY: the real CA's log names the backend, the cloud's 401 and
+    the setting to check within its first loop, and ``status`` says the same and exits 3."""
+
+    def serve(env: E2EEnvironment, backends: list[dict[str, Any]]) -> OurServer:
+        (scaleway,) = [b for b in backends if b["type"] == "scaleway"]
+        scaleway["scaleway"].pop("secret_key")
+        scaleway["scaleway"]["secret_key_env"] = "SCW_SECRET_KEY"  # as the shipped overlays name it
+        return OurServer(server_config([scaleway]), env.workdir, env={"SCW_SECRET_KEY": WRONG_KEY})
+
+    env = start_environment(ONE_CLOUD, serve=serve)
+    started = time.time()
+    line = env.wait_for(
+        lambda: env.ca.log.matching(r"Failed to refresh cloud provider config", since=started - 60),
+        60,
+        "the CA's log line for the failed Refresh",
+    )[0]
+    text = line.text()
+    publish(f"the CA's own log line with a wrong secret key:\n{json.dumps(dict(line.fields))}")
+    assert "code = Unavailable" in text
+    assert "no backend can serve node groups: backend 'scw' has never synced: the cloud refused the credentials" in text
+    assert "answered 401" in text
+    assert "check the key in environment variable SCW_SECRET_KEY" in text
+    assert WRONG_KEY not in env.ca.log.path.read_text()
+    # Within one loop: the first loop that ran after the server was up logged it.
+    loops = env.ca.log.loops()
+    assert loops and line.at <= loops[0].at + 15, (line.at, loops[0].at)
+    status = subprocess.run(
+        [*serve_command(), "status", "--address", env.ours.address],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, env=child_env(),
+    )  # fmt: skip
+    publish(f"ca-externalgrpc status with a wrong secret key (exit {status.returncode}):\n{status.stdout}")
+    assert status.returncode == 3
+    assert "backend scw (scaleway): UNHEALTHY, not synced, 0 group(s), snapshot age -" in status.stdout
+    assert "  check: the key in environment variable SCW_SECRET_KEY" in status.stdout
+    # Nothing was scaled and nothing was written to the cloud.
+    assert env.cloud_requests("scaleway", "update_pool") == []

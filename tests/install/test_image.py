@@ -7,6 +7,7 @@ of both simulated clouds. It serves them on the native engine, answers health, r
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -76,7 +77,7 @@ def manifest_credentials(scaleway: ScalewaySimulator, bizfly: BizflySimulator) -
         "BIZFLYCLOUD_APP_CREDENTIAL_ID": credential_id,
         "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": credential_secret,
         "BIZFLYCLOUD_REGION": "HN",
-        "BIZFLYCLOUD_TENANT_ID": "install-test-tenant",
+        "BIZFLYCLOUD_PROJECT_ID": bizfly.project_id,
         "CLUSTER_NAME": bizfly_cluster_uid(bizfly),
     }
     for overlay in ("scaleway", "bizfly"):
@@ -203,3 +204,49 @@ def test_sigterm_drains_an_in_flight_call_then_exits_0_within_shutdown_grace(
     assert health_pb2.HealthCheckResponse.NOT_SERVING in statuses, statuses
     assert [r.body for r in scaleway.requests.all() if r.method == "PATCH"] == [{"size": 2}]
     assert "signal received; draining" in serving.output
+
+
+# ---------------------------------------------------------------------------------------------- docs' podman lines
+def docs_command(doc: str, starts: str, image: str) -> str:
+    """The shell command of ``doc`` that starts with ``starts`` (continuation lines joined), with the
+    image this run built; run it in the folder holding the files it names, as the docs do."""
+    text = (REPO / "docs" / doc).read_text().replace("\\\n", " ")
+    (line,) = [ln.strip() for ln in text.splitlines() if ln.strip().startswith(starts)]
+    line = re.sub(r"\s+", " ", line).replace(f"localhost/ca-externalgrpc-server:{VERSION}", image)
+    return line.replace(
+        "CONTAINERS_CONF=deploy/containers.conf", f"CONTAINERS_CONF={REPO / 'deploy' / 'containers.conf'}"
+    )
+
+
+def test_the_migration_guides_podman_line_converts_from_the_image(image: str, tmp_path: Path) -> None:
+    # docs/migration.md: from-in-tree run from our image, the CA's Secret as a file, `> config.yaml`.
+    (tmp_path / "credentials.env").write_text(
+        f"CLUSTER_ID=11111111-2222-3333-4444-555555555555\nSCW_SECRET_KEY={SCW_SECRET}\nSCW_REGION=fr-par\n"
+    )
+    command = docs_command("migration.md", "CONTAINERS_CONF=deploy/containers.conf podman run", image)
+    assert command.endswith(" config from-in-tree --cloud-provider scaleway > config.yaml"), command
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert config["backends"][0]["scaleway"]["secret_key_env"] == "SCW_SECRET_KEY"
+    assert SCW_SECRET not in (tmp_path / "config.yaml").read_text() + done.stderr
+    assert "--cloud-provider=scaleway  ->  --cloud-provider=externalgrpc" in done.stderr
+    # A broken input: the problems reach the terminal, the file gets no error text.
+    (tmp_path / "credentials.env").write_text("SCW_REGION=fr-par\n")
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert (tmp_path / "config.yaml").read_text() == ""
+    assert done.stderr.startswith("in-tree scaleway settings: INVALID: 2 problems")
+
+
+def test_the_upgrade_steps_validate_line_runs_from_the_image(image: str, tmp_path: Path) -> None:
+    # docs/operations.md, "Upgrading": validate the new config with the new image before rolling it out.
+    block = (REPO / "README.md").read_text().split("A minimal sidecar config:", 1)[1].split("```yaml\n", 1)[1]
+    config = block.split("```", 1)[0].replace("<pool-id>", "2f0c6a7e-8b1d-4c3e-9f4a-0d1e2f3a4b5c")
+    (tmp_path / "config.yaml").write_text(config)
+    (tmp_path / "config.yaml").chmod(0o644)
+    (tmp_path / "credentials.env").write_text(f"SCW_SECRET_KEY={SCW_SECRET}\n")
+    command = docs_command("operations.md", "CONTAINERS_CONF=deploy/containers.conf podman run --rm -v", image)
+    done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("/c.yaml: OK: listen 127.0.0.1:8086 (plaintext); backends: scw (scaleway")

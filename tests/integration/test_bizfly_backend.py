@@ -37,6 +37,7 @@ from simulators.bizfly import (
     UPSTREAM_VOCABULARY,
     BizflySimulator,
 )
+from simulators.bizfly.state import PoolUpdate
 from simulators.common.clock import ManualClock
 from simulators.common.faults import Fault
 
@@ -166,8 +167,8 @@ def test_only_autoscaled_pools_are_groups_with_min_max_target_and_instances(make
             assert backend.group_id_for(ref["provider_id"]) == POOL
 
 
-def test_requests_carry_the_upstream_headers_and_password_login(make: Any) -> None:
-    sim, backend = make(config={"tenant_id": "tenant-42"})
+def test_requests_carry_the_current_vendor_headers_and_password_login(make: Any) -> None:
+    sim, backend = make(config={"email": EMAIL})
     sync(backend)
     logged(sim, 1, ROUTE_TOKEN)
     token_call = sim.requests.filter(route=ROUTE_TOKEN)[0]
@@ -175,9 +176,45 @@ def test_requests_carry_the_upstream_headers_and_password_login(make: Any) -> No
     for call in sim.requests.filter(route=ROUTE_GET_CLUSTER) + sim.requests.filter(route=ROUTE_GET_POOL):
         assert call.headers["x-auth-type"] == "token"
         assert call.headers["x-auth-token"]
-        assert call.headers["x-tenant-name"] == EMAIL
-        assert call.headers["x-tenant-id"] == "tenant-42"
+        # the project the token answer named, as gobizfly sends it; not the X-Tenant-* pair it marked deprecated
+        assert call.headers["x-project-id"] == sim.project_id
+        assert "x-tenant-name" not in call.headers and "x-tenant-id" not in call.headers
     assert "x-auth-token" not in sim.requests.filter(route=ROUTE_CATALOG)[0].headers
+
+
+OTHER_PROJECT = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+
+
+def in_another_project(*pools: dict[str, Any]) -> dict[str, Any]:
+    """The cluster in a project of the account other than its default one."""
+    base = scenario(*pools, account={"projects": {OTHER_PROJECT: "staging"}})
+    base["clusters"][0]["project_id"] = OTHER_PROJECT
+    return base
+
+
+@pytest.mark.parametrize("key", ["project_id", "tenant_id"])
+def test_a_cluster_outside_the_default_project_is_visible_with_its_project_configured(make: Any, key: str) -> None:
+    # Issue 31, item 5: with X-Tenant-Id (what the in-tree client sends, deprecated by the vendor) the API
+    # looks in the default project and the cluster "does not exist"; X-Project-ID (and the login scoped to
+    # the project, as Bizfly's Terraform provider does) find it. tenant_id is the older name of the key.
+    sim, backend = make(in_another_project(), config={key: OTHER_PROJECT})
+    sync(backend)
+    assert backend.group(POOL).target_size == 3
+    assert sim.requests.filter(route=ROUTE_TOKEN)[0].body["project_id"] == OTHER_PROJECT
+    assert {c.headers["x-project-id"] for c in sim.requests.filter(route=ROUTE_GET_POOL)} == {OTHER_PROJECT}
+
+
+def test_without_the_project_a_cluster_of_another_project_is_an_actionable_error(make: Any) -> None:
+    sim, backend = make(in_another_project())
+    with pytest.raises(CloudRequestRejected) as err:
+        sync(backend)
+    assert "does not exist for these credentials" in str(err.value)
+
+
+def test_the_project_variable_of_the_vendors_terraform_provider_configures_it(make: Any) -> None:
+    sim, backend = make(in_another_project(), env={"BIZFLYCLOUD_PROJECT_ID": OTHER_PROJECT})
+    sync(backend)
+    assert backend.has_group(POOL)
 
 
 def test_application_credential_login(make: Any) -> None:
@@ -378,6 +415,49 @@ def test_scale_to_zero_sends_desired_size_zero(make: Any) -> None:
     assert desired(sim) == 0
 
 
+def test_a_zero_the_api_accepts_but_does_not_apply_is_a_precise_error_and_a_metric(make: Any) -> None:
+    # Issue 31, item 7: no public client has sent desired_size 0 (gobizfly omits a zero), so nothing says
+    # the API applies it. After a 2xx the pool is read back; one still at 1 is an error naming what it reads.
+    from prometheus_client import CollectorRegistry
+
+    from server.metrics import Metrics
+
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    sim, backend = make(scenario(pool(min_size=0, desired_size=1, nodes=[{"status": "CREATING"}])))
+    backend.adapter.instrument(metrics.for_backend("bfly"))
+    sync(backend)
+    # The API answers 200 and changes nothing, as a server that reads 0 as "not given" would.
+    sim.faults.add(Fault(route=ROUTE_UPDATE_POOL, method="PATCH", status=200, body={}, times=1))
+    with pytest.raises(CloudRequestRejected) as err:
+        backend.decrease_target_size(POOL, -1, soon())
+    assert "accepted desired_size 0" in str(err.value) and "still reads desired_size 1" in str(err.value)
+    assert desired(sim) == 1 and backend.target_size(POOL) == 1  # never reported as done
+    backend.decrease_target_size(POOL, -1, soon())  # applied this time: confirmed by the read-back
+    assert desired(sim) == 0 and backend.target_size(POOL) == 0
+
+    def checks(result: str) -> float:
+        name = "ca_externalgrpc_cloud_write_checks_total"
+        labels = {"backend": "bfly", "api": "bizfly", "check": "desired_size_zero", "result": result}
+        return registry.get_sample_value(name, labels) or 0.0
+
+    assert (checks("mismatch"), checks("confirmed"), checks("unverified")) == (1, 1, 0)
+
+
+def test_a_zero_whose_read_back_fails_stands_on_the_2xx(make: Any) -> None:
+    sim, backend = make(scenario(pool(min_size=0, desired_size=1, nodes=[{"status": "CREATING"}])))
+    sync(backend)
+    # The decrease first lists the group afresh (one pool read), then PATCHes, then reads the pool back.
+    sim.faults.add(Fault(route=ROUTE_GET_POOL, status=404, times=1, after=1))  # the read-back finds no pool
+    with pytest.raises(CloudRequestRejected, match="the pool is gone"):
+        backend.decrease_target_size(POOL, -1, soon())
+    sim.state.update_pool(CLUSTER, POOL, PoolUpdate(desired_size=1))
+    sim.faults.add(Fault(route=ROUTE_GET_POOL, status=503, after=1))  # the read-back cannot be made at all
+    assert backend.decrease_target_size(POOL, -1, soon()) == 0  # the API said yes: the write stands
+    assert desired(sim) == 0
+    sim.faults.clear()
+
+
 def test_scale_to_zero_by_deleting_the_last_node(make: Any) -> None:
     sim, backend = make(scenario(pool(min_size=0, desired_size=1)))
     sync(backend)
@@ -511,6 +591,65 @@ def test_real_vocabulary_statuses(make: Any) -> None:
     assert by_id["bizflycloud://p-odd"].state == InstanceState.CREATING and by_id["bizflycloud://p-odd"].error is None
 
 
+def test_senlin_life_cycle_of_a_node_through_the_backend(make: Any) -> None:
+    # Issue 31, item 3: INIT and CREATING are being created; WARNING, RECOVERING, OPERATING and UPDATING
+    # are machines that exist; a failed health check of a node that served is not a failed scale-up.
+    sim, backend = make(scenario(pool(desired_size=1)))
+    sync(backend)
+    backend.increase_size(POOL, 1, soon())
+    sync(backend)
+    [new] = [i for i in backend.group(POOL).instances if i.cloud_status == "INIT"]
+    assert new.state == InstanceState.CREATING and new.error is None
+    sim.advance(5)
+    sync(backend)
+    assert {i.cloud_status: i.state for i in backend.group(POOL).instances}["CREATING"] == InstanceState.CREATING
+    sim.advance(600)
+    sync(backend)
+    first, second = (n["id"] for n in pool_nodes(sim))
+    for status in ("WARNING", "RECOVERING", "OPERATING", "UPDATING"):
+        sim.set_node_status(first, status)
+        sync(backend)
+        by_status = {i.cloud_status: i for i in backend.group(POOL).instances}
+        assert by_status[status].state == InstanceState.RUNNING and by_status[status].error is None, status
+    sim.fail_health_check(second)
+    sync(backend)
+    [failed] = [i for i in backend.group(POOL).instances if i.cloud_status == "ERROR"]
+    assert failed.state == InstanceState.RUNNING and failed.error is None  # exists: the CA sees it NotReady
+
+
+def test_a_failed_creation_is_a_failed_scale_up_and_an_odd_error_is_decided_by_what_was_seen(make: Any) -> None:
+    sim, backend = make(scenario(pool(desired_size=1)))
+    sync(backend)
+    sim.fail_next_scale_up(POOL)  # Senlin: "Failed in creating server: Quota exceeded ..."
+    backend.increase_size(POOL, 1, soon())
+    sync(backend)  # seen INIT
+    booting = next(n["id"] for n in pool_nodes(sim) if n["status"] == "INIT")
+    sim.advance(600)
+    sync(backend)
+    [failed] = [i for i in backend.group(POOL).instances if i.cloud_status == "ERROR"]
+    assert failed.state == InstanceState.CREATING and failed.error is not None
+    assert failed.error.error_class == ErrorClass.OUT_OF_RESOURCES
+    assert "Failed in creating server" in failed.error.message
+    # A reason that says neither: seen being created, so its creation failed ...
+    sim.set_node_status(booting, "ERROR", "unexpected state")
+    sync(backend)
+    assert {i.cloud_id: i.error is not None for i in backend.group(POOL).instances}[booting]
+    # ... while for a node this server saw serving, the same reason is a machine that exists.
+    serving = next(n["id"] for n in pool_nodes(sim) if n["status"] == "ACTIVE")
+    sim.set_node_status(serving, "ERROR", "unexpected state")
+    sync(backend)
+    mine = {i.cloud_id: i for i in backend.group(POOL).instances}[serving]
+    assert mine.state == InstanceState.RUNNING and mine.error is None
+
+
+def test_after_a_restart_an_odd_error_on_a_node_never_seen_is_not_taken_for_a_failed_creation(make: Any) -> None:
+    nodes = [{"status": "ACTIVE"}, {"id": "n-odd", "physical_id": "p-odd", "status": "ERROR", "status_reason": "??"}]
+    sim, backend = make(scenario(pool(desired_size=2, nodes=nodes)))
+    sync(backend)
+    odd = {i.cloud_id: i for i in backend.group(POOL).instances}["n-odd"]
+    assert odd.state == InstanceState.RUNNING and odd.error is None  # no evidence: the CA deletes nothing on it
+
+
 def test_upstream_lowercase_vocabulary_statuses(make: Any) -> None:
     sim, backend = make(scenario(pool(desired_size=2), status_vocabulary="upstream"))
     assert sim.state.vocabulary == UPSTREAM_VOCABULARY
@@ -528,7 +667,7 @@ def test_upstream_lowercase_vocabulary_statuses(make: Any) -> None:
 def test_a_scale_up_that_fails_for_quota_is_out_of_resources(make: Any) -> None:
     sim, backend = make(scenario(pool(desired_size=1)))
     sync(backend)
-    sim.fail_next_scale_up(POOL, reason="Creation failed: quota exceeded")
+    sim.fail_next_scale_up(POOL, reason="Quota exceeded for instances: Requested 1, but already used 10 of 10")
     backend.increase_size(POOL, 1, soon())
     sim.advance(600)
     sync(backend)

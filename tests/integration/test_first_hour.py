@@ -9,21 +9,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.clouds import scaleway_backend
 from devstack.harness import (
+    ENGINE_ENV,
     REPO_ROOT,
     ChildProcess,
     ServerProcess,
@@ -154,7 +160,9 @@ def test_demo_banner_commands_work_when_pasted_from_the_repository_root() -> Non
     try:
         demo.wait_listening()
         banner = _banner(demo)
-        commands = [line.strip() for line in banner.splitlines() if re.match(r"\s+(\.venv/bin/|grpcurl |curl )", line)]
+        commands = [
+            line.strip() for line in banner.splitlines() if re.match(r"\s+(\.venv/bin/|\S*grpcurl |curl )", line)
+        ]
         assert any(c.startswith(".venv/bin/ca-externalgrpc status") for c in commands), banner
         for command in commands:
             done = subprocess.run(
@@ -173,3 +181,230 @@ def _banner(demo: ChildProcess, timeout: float = 30.0) -> str:
             raise AssertionError(f"the demo printed no banner:\n{demo.output}")
         time.sleep(0.02)
     return demo.output
+
+
+# ---------------------------------------------------------------------------------------------- issue 32
+# A backend the cloud refuses from the start: where the CA and the operator look, each names the cause.
+REFUSED_CASES = {
+    # what is wrong -> (the scaleway mapping's change, the env, the reason, what the check must name)
+    "secret key": (
+        {"secret_key_env": "SCW_SECRET_KEY"},
+        {"SCW_SECRET_KEY": "00000000-0000-0000-0000-000000000000"},
+        "credentials",
+        # the upstream variable wins over the file (as upstream), so it is the place to look
+        "the key in environment variable SCW_SECRET_KEY; it must be the secret key (a UUID) of an IAM API key",
+    ),
+    "cluster id": (
+        {"cluster_id": "11111111-2222-3333-4444-555555555555"},
+        {},
+        "not_found",
+        "backends[0].scaleway.cluster_id = '11111111-2222-3333-4444-555555555555' and backends[0].scaleway.region",
+    ),
+    "region": ({"region": "nl-ams"}, {}, "not_found", "backends[0].scaleway.region = 'nl-ams'"),
+}
+
+
+def refused_backend(simulator: ScalewaySimulator, case: str, name: str = "scw") -> dict[str, Any]:
+    backend = scaleway_backend(simulator, name)
+    change = REFUSED_CASES[case][0]
+    if "secret_key_env" in change:
+        backend["scaleway"].pop("secret_key")
+    backend["scaleway"].update(change)
+    return backend
+
+
+@pytest.mark.parametrize("case", list(REFUSED_CASES))
+def test_a_refused_backend_is_named_by_refresh_status_readyz_log_and_metric(
+    tmp_path: Path, simulator: ScalewaySimulator, case: str
+) -> None:
+    _, env, reason, check = REFUSED_CASES[case]
+    server = ServerProcess(server_config([refused_backend(simulator, case)]), env=env, workdir=tmp_path)
+    try:
+        # The CA's Refresh fails, so its own log (`Failed to refresh cloud provider config: ...`) names the cause.
+        with pytest.raises(grpc.RpcError) as refused:
+            server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        details = refused.value.details() or ""
+        assert details.startswith("no backend can serve node groups: backend 'scw' has never synced: ")
+        assert check in details
+        # NodeGroups never fails (an error would empty the CA's whole list, logged at --v=1 only).
+        assert list(server.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups) == []
+        status = cli("status", "--address", server.address)
+        assert status.returncode == 3, status.stdout + status.stderr
+        assert "backend scw (scaleway): UNHEALTHY, not synced, 0 group(s), snapshot age -" in status.stdout
+        assert f"  check: {check}" in status.stdout or check in status.stdout
+        assert "  last error: scaleway API GET " in status.stdout
+        assert status.stderr.strip() == "error: unhealthy backend(s): scw"
+        code, body = server.http_get("/readyz")
+        assert code == 200 and body.startswith("ready; scw: not synced yet (") and check in body
+        _, metrics = server.http_get("/metrics")
+        assert f'ca_externalgrpc_backend_sync_failure{{backend="scw",reason="{reason}"}} 1.0' in metrics
+        lines = [json.loads(line) for line in server.output.splitlines() if line.startswith("{")]
+        failed = [line for line in lines if line["msg"].startswith("cloud sync failed")]
+        assert failed and failed[0]["check"] and check in failed[0]["check"] and failed[0]["reason"] == reason
+        # There is no snapshot: no line may claim one is served.
+        assert not any("serving the last good snapshot" in line["msg"] for line in lines)
+        assert "no snapshot yet: this backend serves no node groups" in failed[0]["msg"]
+        assert any(line["msg"].startswith("initial sync failed: ") and check in line["msg"] for line in lines)
+    finally:
+        server.stop()
+
+
+def test_one_refused_backend_of_two_leaves_refresh_ok_and_the_other_serving(
+    tmp_path: Path, simulator: ScalewaySimulator
+) -> None:
+    backends = [scaleway_backend(simulator, "good"), refused_backend(simulator, "secret key", "bad")]
+    env = REFUSED_CASES["secret key"][1]
+    # Two Scaleway backends: the upstream variables apply to neither, the *_env names the variable.
+    backends[1]["scaleway"]["secret_key_env"] = "SCW_BAD_KEY"
+    server = ServerProcess(server_config(backends), env={"SCW_BAD_KEY": env["SCW_SECRET_KEY"]}, workdir=tmp_path)
+    try:
+        server.stub.Refresh(pb.RefreshRequest(), timeout=5)  # the isolation rule: the good cloud keeps autoscaling
+        groups = server.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups
+        assert groups and all(g.debug.startswith("backend=good ") for g in groups)
+        status = cli("status", "--address", server.address)
+        assert status.returncode == 3
+        assert f"backend good (scaleway): healthy, serving, {len(groups)} group(s)" in status.stdout
+        assert "backend bad (scaleway): UNHEALTHY, not synced, 0 group(s)" in status.stdout
+        assert "check: the key in backends[1].scaleway.secret_key_env (variable SCW_BAD_KEY)" in status.stdout
+    finally:
+        server.stop()
+
+
+def test_credentials_that_stop_working_fail_refresh_at_the_next_sync_when_no_backend_is_left(
+    tmp_path: Path,
+) -> None:
+    with ScalewaySimulator(scenario=demo_scenario()) as sim:
+        backend = scaleway_backend(sim, sync={"interval": "1s", "min_interval": "0s", "follow_refresh": False})
+        server = ServerProcess(server_config([backend]), workdir=tmp_path)
+        try:
+            server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+            sim.api.secret_key = "revoked"  # the key is deleted in the console
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+                except grpc.RpcError as err:
+                    details = err.details() or ""
+                    break
+                assert time.monotonic() < deadline, "Refresh never reported the refused credentials"
+                time.sleep(0.2)
+            assert "backend 'scw' last synced" in details and "the cloud refused the credentials" in details
+            assert "check the key in backends[0].scaleway.secret_key" in details
+            assert sim.secret_key not in details
+        finally:
+            server.stop()
+
+
+@pytest.mark.parametrize(
+    ("change", "what", "check"),
+    [
+        (
+            {"password": "wrong-password"},
+            "the cloud refused the credentials",
+            "check the Bizfly login, backends[0].bizfly.email = ",
+        ),
+        (
+            {"cluster_name": "ke0000000000000x"},
+            "the cloud does not know the cluster",
+            "check backends[0].bizfly.cluster_name = 'ke0000000000000x' (the cluster UID",
+        ),
+    ],
+    ids=["login", "cluster"],
+)
+def test_a_refused_bizfly_backend_names_the_setting(
+    tmp_path: Path, change: dict[str, str], what: str, check: str
+) -> None:
+    from devstack.clouds import bizfly_backend
+    from simulators.bizfly import BizflySimulator
+    from simulators.bizfly import demo_scenario as bizfly_demo
+
+    with BizflySimulator(scenario=bizfly_demo(), clock=ManualClock()) as sim:
+        backend = bizfly_backend(sim)
+        backend["bizfly"].update(change)
+        server = ServerProcess(server_config([backend]), workdir=tmp_path)
+        try:
+            with pytest.raises(grpc.RpcError) as refused:
+                server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+            details = refused.value.details() or ""
+            assert what in details and check in details, details
+            assert "wrong-password" not in details
+        finally:
+            server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- make run, no Rust
+GRPCIO_NOTICE = "serving on the grpcio engine (serving.engine: auto): the native serving engine is not installed"
+
+
+def venv_without_the_native_engine(where: Path) -> Path:
+    """A virtualenv holding everything `make install` put in .venv except the native engine, as a user
+    without Rust has it after the Makefile's pip step: every entry of .venv's site-packages but
+    ca_externalgrpc_native is linked into a fresh venv."""
+    venv = where / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    source = Path(next((REPO_ROOT / ".venv" / "lib").glob("python3*"))) / "site-packages"
+    target = next((venv / "lib").glob("python3*")) / "site-packages"
+    for entry in source.iterdir():
+        if not entry.name.startswith("ca_externalgrpc_native"):
+            (target / entry.name).symlink_to(entry)
+    (venv / ".installed").touch()  # the Makefile's stamp: its pip step is done
+    return venv
+
+
+def test_make_run_without_rust_serves_on_grpcio_with_the_pip_paths_notice(tmp_path: Path) -> None:
+    venv = venv_without_the_native_engine(tmp_path)
+    # No cargo anywhere on PATH: only the folders of python, make and the base system.
+    path = ":".join(dict.fromkeys([str(venv / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]))
+    assert subprocess.run(["sh", "-c", "command -v cargo"], env={"PATH": path}).returncode != 0
+    # make and the demo it starts in a session of their own, stopped as Ctrl-C stops a terminal's job.
+    make = subprocess.Popen(
+        ["make", "--no-print-directory", "run", f"VENV={venv}", "LISTEN=127.0.0.1:0", "HTTP_LISTEN=127.0.0.1:0"],
+        cwd=REPO_ROOT,
+        # serving.engine left at auto, as make run has it (make test sets the test engine for the others)
+        env={k: v for k, v in child_env().items() if k != ENGINE_ENV} | {"PATH": path},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(make.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not any("Stop with Ctrl-C." in line for line in lines):
+            assert make.poll() is None, "make run exited:\n" + "".join(lines)
+            assert time.monotonic() < deadline, "no banner within 60 s:\n" + "".join(lines)
+            time.sleep(0.2)
+        output = "".join(lines)
+        assert "ca-externalgrpc demo: gRPC on 127.0.0.1:" in output
+        notices = [line for line in output.splitlines() if GRPCIO_NOTICE in line]
+        assert len(notices) == 1, output
+        assert "install the server with its native extra" in notices[0]
+        assert "Rust" not in output.split(GRPCIO_NOTICE)[0]  # no failed cargo step before it
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # make may have exited already (a failed run)
+            os.killpg(make.pid, signal.SIGINT)
+        make.wait(timeout=30)
+        reader.join(timeout=5)
+
+
+def test_the_demo_banner_points_at_the_grpcurl_make_build_made() -> None:
+    from tests.support.gobuild import bin_dir
+
+    built = bin_dir() / "grpcurl"
+    if not built.is_file():
+        pytest.fail(f"{built} is missing: run make build", pytrace=False)
+    path = "/usr/bin:/bin"  # no grpcurl on it
+    assert subprocess.run(["sh", "-c", "command -v grpcurl"], env={"PATH": path}).returncode != 0
+    demo = ChildProcess(
+        [sys.executable, "-m", "devstack", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"],
+        env={**child_env(), "PATH": path},
+    )
+    try:
+        banner = _banner(demo)
+        assert f"  {built} -plaintext 127.0.0.1:" in banner, banner
+        assert "not on PATH" not in banner
+    finally:
+        assert demo.stop() == 0

@@ -139,8 +139,34 @@ BZ_GENERAL = "d1ff00000000000000000001"
 BZ_MIXED = "d1ff00000000000000000002"
 BZ_EMPTY = "d1ff00000000000000000003"
 BZ_FIXED = "d1ff00000000000000000004"
-# The in-tree provider's own words first, then what the real API and a stopped VM show.
-BZ_STATUSES = ("running", "provisioning", "draining", "deleting", "error", "ACTIVE", "PROVISIONING", "SHUTOFF")
+# The in-tree provider's own words first, then what the real API (its Senlin node statuses) and a stopped
+# VM show. "error" is a failed creation, "ERROR" a failed health check of a node that served (by their
+# Senlin reasons): only the first is a failed scale-up (docs/bizfly.md, "Status mapping").
+BZ_STATUSES = (
+    "running",
+    "provisioning",
+    "draining",
+    "deleting",
+    "error",
+    "ACTIVE",
+    "PROVISIONING",
+    "SHUTOFF",
+    "INIT",
+    "CREATING",
+    "WARNING",
+    "RECOVERING",
+    "ERROR",
+)
+BZ_REASONS = {
+    "error": "Failed in creating server: Build of instance aborted.",
+    "ERROR": "Check: Node is not ACTIVE.",
+}
+
+
+def bz_reason(status: str) -> str:
+    return BZ_REASONS.get(status, f"node is {status}")
+
+
 BIZFLY_SCENARIO = {
     "status_vocabulary": "upstream",
     "clusters": [
@@ -166,7 +192,7 @@ BIZFLY_SCENARIO = {
                     "desired_size": len(BZ_STATUSES) - 1,
                     "labels": {"workload": "compute"},
                     "taints": [{"key": "dedicated", "value": "compute", "effect": "NoSchedule"}],
-                    "nodes": [{"status": s, "status_reason": f"node is {s}"} for s in BZ_STATUSES],
+                    "nodes": [{"status": s, "status_reason": bz_reason(s)} for s in BZ_STATUSES],
                 },
                 {
                     "id": BZ_EMPTY,
@@ -695,6 +721,11 @@ BZ_KNOWN_STATE_DIFFERENCES = {
     "ACTIVE": pb.InstanceStatus.instanceRunning,
     "PROVISIONING": pb.InstanceStatus.instanceCreating,
     "SHUTOFF": pb.InstanceStatus.instanceRunning,  # a stopped VM is a machine that exists
+    "INIT": pb.InstanceStatus.instanceCreating,
+    "CREATING": pb.InstanceStatus.instanceCreating,
+    "WARNING": pb.InstanceStatus.instanceRunning,  # serving; a step around it (a load balancer) failed
+    "RECOVERING": pb.InstanceStatus.instanceRunning,  # an existing server being recovered
+    "ERROR": pb.InstanceStatus.instanceRunning,  # failed its health check: exists, no failed scale-up
 }
 
 
@@ -716,9 +747,13 @@ def test_bizfly_instances_have_the_same_ids_and_states_for_the_words_the_in_tree
                 assert ours[instance_id] == (state, ("", "", 0)), status
                 continue
             assert state == pb.InstanceStatus.unspecified
-            assert (code, message, error_class) == ("no-code-bizflycloud", f"node is {status}", OTHER_ERROR)
+            assert (code, message, error_class) == ("no-code-bizflycloud", bz_reason(status), OTHER_ERROR)
             assert ours[instance_id][0] == BZ_KNOWN_STATE_DIFFERENCES[status], status
-            expected_error = ("bizfly-node-failed", "Bizfly reports the node as error: node is error", OTHER_ERROR)
+            expected_error = (
+                "bizfly-node-failed",
+                f"Bizfly reports the node as error: {BZ_REASONS['error']}",
+                OTHER_ERROR,
+            )
             assert ours[instance_id][1] == (expected_error if status == "error" else ("", "", 0)), status
     assert compared == set(BZ_STATUSES)
 

@@ -217,7 +217,7 @@ def test_status_command_prints_groups_sizes_and_backend_health(worked):
     assert general[1:5] == ["scw", "1", "4", "2"]  # 2 + 1 increased - 1 deleted
     assert general[-3].endswith("s")  # snapshot age
     assert general[-2] == "cloud"  # the template's source: no override, nothing learned
-    assert "backend scw: SERVING (snapshot age" in status.stdout
+    assert "backend scw (scaleway): healthy, serving, 3 group(s), snapshot age " in status.stdout
 
 
 def test_the_metrics_reference_documents_exactly_the_families_the_server_exports(worked):

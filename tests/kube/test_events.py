@@ -257,6 +257,26 @@ def test_a_backend_going_stale_and_fresh_again_is_an_event_each(start: Callable[
     assert fresh[0].last_timestamp >= stale[0].last_timestamp
 
 
+def test_credentials_that_stop_working_are_a_backend_refused_event_naming_the_setting(
+    start: Callable[..., Setup],
+) -> None:
+    setup = start(sync={"interval": "1s", "min_interval": "0.2s", "max_staleness": "10m"})
+    wait_for("status ConfigMap", lambda: "serving" in setup.status(), 10)
+    setup.sim.api.secret_key = "revoked"  # the key is deleted in the console: every call answers 401
+    refused = wait_for("BackendRefused", lambda: setup.reasons().get("BackendRefused"), 15)
+    wait_for("the status ConfigMap saying so", lambda: "REFUSED BY THE CLOUD (credentials" in setup.status(), 10)
+    print("\n" + event_listing(setup.events()))
+    (event,) = refused
+    assert event.type == "Warning"
+    assert event.message.startswith("Backend scw: the cloud refused the credentials; its last good snapshot")
+    assert "Check the key in backends[0].scaleway.secret_key" in event.message and "401" in event.message
+    assert SCW_SECRET not in event.message
+    # Within max_staleness: not stale, so no BackendStale, yet it is named at once.
+    assert not setup.reasons().get("BackendStale")
+    setup.sim.api.secret_key = SCW_SECRET
+    wait_for("BackendFresh", lambda: setup.reasons().get("BackendFresh"), 15)
+
+
 def test_a_flapping_cloud_gets_at_most_burst_plus_refills_writes_and_exact_counts(
     start: Callable[..., Setup],
 ) -> None:

@@ -6,9 +6,11 @@ Facts asserted here are those of docs/bizfly.md ("Authentication", "Endpoints us
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import yaml
 
 from simulators.bizfly import (
     DEFAULT_APP_CREDENTIALS,
+    DEFAULT_PROJECT_ID,
     DEFAULT_USERS,
     DEMO_CLUSTER_UID,
     NODE_ID_LABEL,
@@ -97,8 +100,9 @@ def k8s(sim: BizflySimulator, *parts: str) -> str:
     return "/".join([sim.kubernetes_engine_url, "_", *parts])
 
 
-def auth(token: str) -> dict[str, str]:
-    return {"X-Auth-Token": token, "X-Auth-Type": "token", "X-Tenant-Name": EMAIL, "X-Tenant-Id": ""}
+def auth(token: str, project: str | None = None) -> dict[str, str]:
+    """The current vendor client's headers (X-Project-ID only when a project is chosen)."""
+    return {"X-Auth-Token": token, "X-Auth-Type": "token", **({"X-Project-ID": project} if project else {})}
 
 
 def get_pool(http: requests.Session, sim: BizflySimulator, token: str, pool: str = POOL) -> dict[str, Any]:
@@ -280,6 +284,49 @@ def test_catalog_region_from_scenario(manual_clock: ManualClock, http: requests.
         assert entries[-1]["service_url"] == sim.kubernetes_engine_url
 
 
+# -- projects -------------------------------------------------------------------------------------------
+
+OTHER_PROJECT = "0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+
+
+def two_projects() -> dict[str, Any]:
+    """The default project's cluster, and a second cluster in another project of the same account."""
+    base = scenario(account={"projects": {OTHER_PROJECT: "staging"}})
+    other = {"uid": "keotherproject01", "name": "other", "project_id": OTHER_PROJECT, "pools": []}
+    base["clusters"].append(other)
+    return base
+
+
+def test_a_token_is_scoped_to_the_default_project_unless_the_login_names_another(
+    manual_clock: ManualClock, http: requests.Session
+) -> None:
+    with BizflySimulator(two_projects(), clock=manual_clock) as sim:
+        default = http.post(sim.token_url, json=password_body()).json()
+        assert (default["project_id"], default["project_name"]) == (DEFAULT_PROJECT_ID, "demo-project")
+        scoped = http.post(sim.token_url, json={**password_body(), "project_id": OTHER_PROJECT}).json()
+        assert (scoped["project_id"], scoped["project_name"]) == (OTHER_PROJECT, "staging")
+        # the other project's cluster: visible with a token scoped to it, not with the default one
+        assert http.get(k8s(sim, "keotherproject01"), headers=auth(scoped["token"])).status_code == 200
+        assert http.get(k8s(sim, "keotherproject01"), headers=auth(default["token"])).status_code == 404
+        unknown = http.post(sim.token_url, json={**password_body(), "project_id": "f" * 32})
+        assert unknown.status_code == 401
+
+
+def test_x_project_id_chooses_the_project_and_the_old_tenant_headers_do_not(
+    manual_clock: ManualClock, http: requests.Session
+) -> None:
+    with BizflySimulator(two_projects(), clock=manual_clock) as sim:
+        token = login(http, sim)
+        assert http.get(k8s(sim, "keotherproject01"), headers=auth(token, OTHER_PROJECT)).status_code == 200
+        assert http.get(k8s(sim, CLUSTER), headers=auth(token, OTHER_PROJECT)).status_code == 404
+        tenant = {**auth(token), "X-Tenant-Id": OTHER_PROJECT, "X-Tenant-Name": EMAIL}
+        assert http.get(k8s(sim, "keotherproject01"), headers=tenant).status_code == 404  # deprecated, ignored
+        listed = http.get(k8s(sim, ""), headers=auth(token, OTHER_PROJECT)).json()["clusters"]
+        assert [c["uid"] for c in listed] == ["keotherproject01"]
+        foreign = http.get(k8s(sim, CLUSTER), headers=auth(token, "e" * 32))
+        assert foreign.status_code == 403 and "not allowed" in foreign.json()["message"]
+
+
 # -- clusters and pools ---------------------------------------------------------------------------------
 
 
@@ -296,7 +343,45 @@ def test_cluster_get_returns_the_bare_cluster_with_its_worker_pools(
     assert workers["flavor"] == "nix.2c_4g" and workers["labels"] == {"tier": "web"}
     assert workers["taints"] == [{"key": "dedicated", "value": "web", "effect": "NoSchedule"}]
     assert "nodes" not in workers
-    assert body["stat"] == {"worker_pools": 2, "total_cpu": 2 * 2 + 4, "total_memory": 2 * 4 + 8}
+    # As the API's own examples: "stats" (not "stat") with null totals, naive created_at, no time zone.
+    assert body["stats"] == {"worker_pools": 2, "total_cpu": None, "total_memory": None, "total_disk": {}}
+    assert "stat" not in body
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}", body["created_at"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}", workers["created_at"])
+    assert uuid.UUID(workers["autoscaling_group_id"]) and uuid.UUID(workers["launch_config_id"])
+
+
+def test_the_former_answer_shapes_stay_as_scenario_options(manual_clock: ManualClock, http: requests.Session) -> None:
+    shapes = {"timestamps": "utc", "stats_key": "stat", "node_names": "lower"}
+    with BizflySimulator(scenario(api=shapes), clock=manual_clock) as sim:
+        token = login(http, sim)
+        body = http.get(k8s(sim, CLUSTER), headers=auth(token)).json()
+        assert body["stat"] == {"worker_pools": 2, "total_cpu": 2 * 2 + 4, "total_memory": 2 * 4 + 8}
+        assert body["created_at"].endswith("Z") and "stats" not in body
+        assert all(n["name"] == n["name"].lower() for n in get_pool(http, sim, token)["nodes"])
+
+
+def test_invalid_answer_shape_options_are_rejected() -> None:
+    with pytest.raises(ScenarioError, match="api.stats_key"):
+        BizflySimulator(scenario(api={"stats_key": "statistics"}))
+
+
+def test_a_pending_pool_has_null_autoscaling_ids_and_no_nodes_until_provisioned(
+    manual_clock: ManualClock, http: requests.Session
+) -> None:
+    base = scenario(timings={"provision_seconds": PROVISION, "pool_provision_seconds": 60})
+    base["clusters"][0]["pools"][0]["pending"] = True
+    with BizflySimulator(base, clock=manual_clock) as sim:
+        token = login(http, sim)
+        cluster = http.get(k8s(sim, CLUSTER), headers=auth(token)).json()
+        pending = cluster["worker_pools"][0]
+        assert pending["provision_status"] == "PENDING_PROVISION"
+        assert pending["launch_config_id"] is None and pending["autoscaling_group_id"] is None
+        assert get_pool(http, sim, token)["nodes"] == []
+        sim.advance(60)
+        pool = get_pool(http, sim, token)
+        assert pool["autoscaling_group_id"] and len(pool["nodes"]) == 2
+        assert statuses(pool) == ["INIT", "INIT"]
 
 
 def test_pool_get_lists_nodes_with_distinct_id_and_physical_id(sim: BizflySimulator, http: requests.Session) -> None:
@@ -394,16 +479,72 @@ def test_patch_unknown_pool_is_404(sim: BizflySimulator, http: requests.Session)
 # -- node lifecycle -------------------------------------------------------------------------------------
 
 
-def test_scale_up_nodes_provision_then_become_active(sim: BizflySimulator, http: requests.Session) -> None:
+def test_scale_up_nodes_go_init_creating_active_as_senlin_nodes(sim: BizflySimulator, http: requests.Session) -> None:
     token = login(http, sim)
     patch(http, sim, token, {"desired_size": 4})
-    assert statuses(get_pool(http, sim, token)) == ["ACTIVE", "ACTIVE", "PROVISIONING", "PROVISIONING"]
-    sim.advance(PROVISION - 1)
-    assert statuses(get_pool(http, sim, token)).count("PROVISIONING") == 2
+    pool = get_pool(http, sim, token)
+    assert statuses(pool) == ["ACTIVE", "ACTIVE", "INIT", "INIT"]
+    assert {n["status_reason"] for n in pool["nodes"] if n["status"] == "INIT"} == {"Initializing"}
+    sim.advance(2)
+    pool = get_pool(http, sim, token)
+    assert statuses(pool) == ["ACTIVE", "ACTIVE", "CREATING", "CREATING"]
+    assert {n["status_reason"] for n in pool["nodes"] if n["status"] == "CREATING"} == {"Creation in progress"}
+    sim.advance(PROVISION - 3)
+    assert statuses(get_pool(http, sim, token)).count("CREATING") == 2
     sim.advance(1)
     pool = get_pool(http, sim, token)
     assert statuses(pool) == ["ACTIVE"] * 4
+    assert {n["status_reason"] for n in pool["nodes"]} == {"Creation succeeded"}
     assert len({n["id"] for n in pool["nodes"]} | {n["physical_id"] for n in pool["nodes"]}) == 8
+
+
+def test_node_names_are_senlins_mixed_case_and_the_kubernetes_node_is_lower_case(
+    sim: BizflySimulator, http: requests.Session
+) -> None:
+    token = login(http, sim)
+    patch(http, sim, token, {"desired_size": 5})
+    nodes = get_pool(http, sim, token)["nodes"]
+    for node in nodes:
+        assert re.fullmatch(rf"workers-{CLUSTER}-node-[A-Za-z0-9]{{8}}", node["name"])
+    assert any(n["name"] != n["name"].lower() for n in nodes)  # 5 names of 8 random characters: some upper case
+    refs = {r["labels"][NODE_ID_LABEL]: r for r in sim.node_refs(CLUSTER)}
+    assert all(refs[n["id"]]["name"] == n["name"].lower() for n in nodes)
+
+
+def test_the_former_provisioning_vocabulary_stays_as_a_scenario_option(
+    manual_clock: ManualClock, http: requests.Session
+) -> None:
+    with BizflySimulator(scenario(status_vocabulary="provisioning"), clock=manual_clock) as sim:
+        token = login(http, sim)
+        patch(http, sim, token, {"desired_size": 3})
+        assert statuses(get_pool(http, sim, token)) == ["ACTIVE", "ACTIVE", "PROVISIONING"]
+
+
+def test_a_failed_health_check_is_error_on_a_node_that_stays_in_the_pool(
+    sim: BizflySimulator, http: requests.Session
+) -> None:
+    token = login(http, sim)
+    node = get_pool(http, sim, token)["nodes"][0]
+    assert http.post(f"{sim.url}/_sim/bizfly/fail-health-check", json={"node": node["id"]}).status_code == 200
+    after = {n["id"]: n for n in get_pool(http, sim, token)["nodes"]}[node["id"]]
+    assert (after["status"], after["status_reason"]) == ("ERROR", "Check: Node is not ACTIVE.")
+    phases = {n["id"]: n["phase"] for n in sim.snapshot()["clusters"][0]["worker_pools"][0]["nodes"]}
+    assert phases[node["id"]] == "unhealthy"
+    sim.advance(10 * PROVISION)
+    assert len(get_pool(http, sim, token)["nodes"]) == 2  # not replaced: Senlin recovers or the CA deletes
+
+
+@pytest.mark.parametrize("status", ["WARNING", "UPDATING", "RECOVERING", "OPERATING"])
+def test_senlin_statuses_of_an_existing_node_keep_it_running(
+    sim: BizflySimulator, http: requests.Session, status: str
+) -> None:
+    token = login(http, sim)
+    node = get_pool(http, sim, token)["nodes"][0]
+    sim.set_node_status(node["name"].lower(), status)  # by the Kubernetes Node's name too
+    after = {n["id"]: n for n in get_pool(http, sim, token)["nodes"]}[node["id"]]
+    assert after["status"] == status and after["status_reason"]
+    phases = {n["id"]: n["phase"] for n in sim.snapshot()["clusters"][0]["worker_pools"][0]["nodes"]}
+    assert phases[node["id"]] == "running"
 
 
 def test_advance_through_the_control_api_runs_transitions(sim: BizflySimulator, http: requests.Session) -> None:
@@ -417,7 +558,7 @@ def test_wall_clock_jumps_run_transitions_too(http: requests.Session) -> None:
     with BizflySimulator(scenario(), clock=WallClock(speed=1.0)) as sim:
         token = login(http, sim)
         patch(http, sim, token, {"desired_size": 3})
-        assert "PROVISIONING" in statuses(get_pool(http, sim, token))
+        assert "INIT" in statuses(get_pool(http, sim, token))
         sim.advance(PROVISION)
         assert statuses(get_pool(http, sim, token)) == ["ACTIVE"] * 3
 
@@ -436,13 +577,18 @@ def test_failed_scale_up_leaves_a_node_in_error_without_replacing_it(
     sim: BizflySimulator, http: requests.Session
 ) -> None:
     token = login(http, sim)
-    sim.fail_next_scale_up(POOL, reason="Creation failed: out of capacity")
+    no_host = "No valid host was found. There are not enough hosts available"
+    sim.fail_next_scale_up(POOL, reason=no_host)
     patch(http, sim, token, {"desired_size": 4})
     sim.advance(PROVISION)
     pool = get_pool(http, sim, token)
     assert statuses(pool) == ["ACTIVE", "ACTIVE", "ACTIVE", "ERROR"]
     failed = next(n for n in pool["nodes"] if n["status"] == "ERROR")
-    assert failed["status_reason"] == "Creation failed: out of capacity"
+    # Senlin's wording of a failed creation around the cloud's message
+    assert (
+        failed["status_reason"]
+        == "Failed in creating server: No valid host was found. There are not enough hosts available."
+    )
     sim.advance(10 * PROVISION)
     assert len(get_pool(http, sim, token)["nodes"]) == 4  # counted towards desired_size: no retry storm
 
@@ -541,7 +687,8 @@ def test_node_refs_pair_provider_id_with_physical_id_and_label_with_id(
     assert len(refs) == 2
     for ref in refs:
         node = nodes[ref["labels"][NODE_ID_LABEL]]
-        assert ref["provider_id"] == f"bizflycloud://{node['physical_id']}" and ref["name"] == node["name"]
+        assert ref["provider_id"] == f"bizflycloud://{node['physical_id']}"
+        assert ref["name"] == node["name"].lower()  # the kubelet registers the host name in lower case
         assert ref["labels"]["bke.bizflycloud.vn/pool-name"] == "workers" and ref["labels"]["tier"] == "web"
     assert http.get(f"{sim.url}/_sim/bizfly/node-refs/{CLUSTER}").json() == sim.node_refs(CLUSTER)
 

@@ -449,8 +449,16 @@ def build_all(binaries: Sequence[Binary], say: Callable[[str], None] = print) ->
     """Bring every binary up to date, one after the other (go parallelises within a build)."""
     go = go_binary()
     version = go_version(go)
+    # Without the CA module proxy, build every binary that does not need it (grpcurl, helm, kustomize,
+    # the control plane ...), then say which were left out and why.
+    left_out: list[Binary] = []
     if any(needs_module_proxy(b.module_dir) for b in binaries):
-        check_module_proxy()
+        try:
+            check_module_proxy()
+        except ModuleProxyMissing as missing:
+            left_out = [b for b in binaries if needs_module_proxy(b.module_dir)]
+            binaries = [b for b in binaries if b not in left_out]
+            proxy_problem = str(missing)
     out_dir = bin_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -469,6 +477,12 @@ def build_all(binaries: Sequence[Binary], say: Callable[[str], None] = print) ->
             build(binary, go, output, say)
             _stamp_file(output).write_text(current + "\n")
     say(f"go build step: {len(binaries)} binaries ready in {bin_dir()} ({time.monotonic() - started:.1f}s)")
+    if left_out:
+        names = ", ".join(b.name for b in left_out)
+        raise ModuleProxyMissing(
+            f"{len(left_out)} binaries need the cluster-autoscaler modules of the CA module proxy and were not built: "
+            f"{names}. {proxy_problem}; the {len(binaries)} others are built"
+        )
 
 
 # ------------------------------------------------------------------------------- for the tests

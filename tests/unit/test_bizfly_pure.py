@@ -7,10 +7,10 @@ from collections.abc import Mapping
 
 import pytest
 
-from providers.bizfly.auth import parse_expiry, tenant_headers, token_request_body
+from providers.bizfly.auth import parse_expiry, project_headers, token_request_body
 from providers.bizfly.config import BizflyConfig, parse_config
-from providers.bizfly.regions import normalize_region, same_region
-from providers.bizfly.statuses import map_status
+from providers.bizfly.regions import normalize_region, region_code, same_region
+from providers.bizfly.statuses import History, map_status
 from providers.bizfly.templates import (
     Flavor,
     build_template,
@@ -35,7 +35,12 @@ PASSWORD_RAW = {"email": "ops@example.com", "password": "pw-123456", "cluster_na
         ("Running", InstanceState.RUNNING),
         ("PROVISIONING", InstanceState.CREATING),
         ("provisioning", InstanceState.CREATING),
+        ("INIT", InstanceState.CREATING),
         ("CREATING", InstanceState.CREATING),
+        ("WARNING", InstanceState.RUNNING),
+        ("UPDATING", InstanceState.RUNNING),
+        ("RECOVERING", InstanceState.RUNNING),
+        ("OPERATING", InstanceState.RUNNING),
         ("PENDING_PROVISION", InstanceState.CREATING),
         ("", InstanceState.CREATING),
         ("DELETING", InstanceState.DELETING),
@@ -74,6 +79,65 @@ def test_failures_for_lack_of_room_are_out_of_resources(reason: str) -> None:
     mapped = map_status("ERROR", reason)
     assert mapped.error is not None
     assert mapped.error.error_class == ErrorClass.OUT_OF_RESOURCES
+
+
+# Senlin's own status_reason strings (openstack/senlin engine/node.py and common/exception.py, in its words'
+# shape): which of them mean a failed creation and which a machine that failed after it existed.
+SENLIN_CREATION_FAILURES = [
+    "Failed in creating server: Quota exceeded for cores: Requested 2, but already used 20 of 20 cores.",
+    "Failed in creating server: No valid host was found.",
+    "Failed in creating server: Server build timed out.",
+]
+SENLIN_LATER_FAILURES = [
+    "Check: Node is not ACTIVE.",
+    "Failed in found server 'de9cb2f0-c8f0-4bf0-a6ea-cf83d6b55ef7': Server not found.",
+    "Recovery failed",
+    "Failed in recovering server 'de9cb2f0': No valid host was found.",
+    "Failed in rebooting server 'de9cb2f0': timed out.",
+    "Failed in updating server 'de9cb2f0': image not found.",
+    "Failed in deleting server 'de9cb2f0': conflict.",
+    "Failed in adding node into lb pool.",
+]
+
+
+@pytest.mark.parametrize("history", list(History))
+@pytest.mark.parametrize("reason", SENLIN_CREATION_FAILURES)
+def test_senlins_failed_creation_is_a_failed_scale_up_whatever_was_seen(reason: str, history: History) -> None:
+    mapped = map_status("ERROR", reason, history)
+    assert mapped.state == InstanceState.CREATING and mapped.error is not None
+    expected = ErrorClass.OUT_OF_RESOURCES if "Quota" in reason or "No valid host" in reason else ErrorClass.OTHER
+    assert mapped.error.error_class == expected
+
+
+@pytest.mark.parametrize("history", list(History))
+@pytest.mark.parametrize("reason", SENLIN_LATER_FAILURES)
+def test_a_node_that_failed_after_it_existed_is_never_a_failed_scale_up(reason: str, history: History) -> None:
+    # A failed health check of a node that served for days: the CA must not back the pool off and delete it
+    # as a failed creation; it is a machine that exists (its Kubernetes node shows NotReady).
+    mapped = map_status("ERROR", reason, history)
+    assert mapped.state == InstanceState.RUNNING and mapped.error is None
+
+
+@pytest.mark.parametrize(
+    ("history", "state", "failed"),
+    [
+        (History.SERVING, InstanceState.RUNNING, False),  # it served: it failed later
+        (History.CREATING, InstanceState.CREATING, True),  # seen being created, now ERROR: its creation failed
+        (History.NEW, InstanceState.CREATING, True),  # new since the previous listing: a creation that failed
+        (History.UNKNOWN, InstanceState.RUNNING, False),  # nothing seen: no evidence, never a guessed failure
+    ],
+)
+def test_an_error_without_a_telling_reason_is_decided_by_what_was_seen(
+    history: History, state: InstanceState, failed: bool
+) -> None:
+    mapped = map_status("ERROR", "something odd happened", history)
+    assert mapped.state == state
+    assert (mapped.error is not None) == failed
+
+
+def test_an_unknown_status_of_a_node_that_served_is_not_creating() -> None:
+    assert map_status("HIBERNATING-unit-test-2", None, History.SERVING).state == InstanceState.RUNNING
+    assert map_status("HIBERNATING-unit-test-2", None, History.NEW).state == InstanceState.CREATING
 
 
 def test_unknown_status_is_creating_and_reported_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -148,14 +212,18 @@ POOL = {
 
 
 def test_template_from_flavor_and_pool_has_well_known_labels_and_taints() -> None:
-    template = build_template(POOL, "HaNoi", None)
+    template = build_template(POOL, "HN", None)
     assert template is not None
     assert template.capacity["cpu"] == "2" and template.capacity["memory"] == "4096Mi"
     assert template.labels["kubernetes.io/os"] == "linux"
     assert template.labels["kubernetes.io/arch"] == "amd64"
-    assert template.labels["node.kubernetes.io/instance-type"] == "nix.2c_4g"
-    assert template.labels["topology.kubernetes.io/zone"] == "HN1"
-    assert template.labels["topology.kubernetes.io/region"] == "HaNoi"
+    # as the cloud node controller writes them for the Bizfly cloud-controller-manager: GA and beta keys
+    for key in ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"):
+        assert template.labels[key] == "nix.2c_4g"
+    for key in ("topology.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/zone"):
+        assert template.labels[key] == "HN1"
+    for key in ("topology.kubernetes.io/region", "failure-domain.beta.kubernetes.io/region"):
+        assert template.labels[key] == "HN"
     assert template.labels["bke.bizflycloud.vn/pool-name"] == "general"
     assert template.labels["tier"] == "web"
     assert template.taints == (Taint("dedicated", "web", "NoSchedule"),)
@@ -166,32 +234,32 @@ def test_template_keeps_pool_level_observed_labels_and_drops_per_node_ones() -> 
         "kubernetes.io/hostname": "general-node-abc",
         "bke.bizflycloud.vn/node-id": "e365b68a",
         "bke.bizflycloud.vn/gpu-node": "true",
-        "topology.kubernetes.io/region": "HN",
+        "topology.kubernetes.io/region": "HCM-custom",
         "tier": "stale-value",
     }
-    template = build_template(POOL, "HaNoi", observed)
+    template = build_template(POOL, "HN", observed)
     assert template is not None
     assert "kubernetes.io/hostname" not in template.labels
     assert "bke.bizflycloud.vn/node-id" not in template.labels
     assert template.labels["bke.bizflycloud.vn/gpu-node"] == "true"
-    assert template.labels["topology.kubernetes.io/region"] == "HN"  # the real node's spelling wins over a guess
+    assert template.labels["topology.kubernetes.io/region"] == "HCM-custom"  # what a real node carried wins
     assert template.labels["tier"] == "web"  # the pool's current labels win over what an older node carried
 
 
 def test_flavor_detail_is_preferred_over_the_name() -> None:
-    template = build_template({**POOL, "flavor": "custom-x", "flavor_detail": {"vcpus": 4, "ram": 8192}}, "HaNoi", None)
+    template = build_template({**POOL, "flavor": "custom-x", "flavor_detail": {"vcpus": 4, "ram": 8192}}, "HN", None)
     assert template is not None and template.capacity["cpu"] == "4" and template.capacity["memory"] == "8192Mi"
 
 
 def test_unparseable_flavor_falls_back_to_observed_instance_type() -> None:
     observed = {"node.kubernetes.io/instance-type": "nix.4c_8g"}
-    template = build_template({**POOL, "flavor": "mystery"}, "HaNoi", observed)
+    template = build_template({**POOL, "flavor": "mystery"}, "HN", observed)
     assert template is not None and template.capacity["cpu"] == "4"
 
 
 def test_unparseable_flavor_without_observed_labels_gives_no_template() -> None:
-    assert build_template({**POOL, "flavor": "mystery"}, "HaNoi", None) is None
-    assert build_template({**POOL, "flavor": "mystery"}, "HaNoi", {"kubernetes.io/hostname": "n1"}) is None
+    assert build_template({**POOL, "flavor": "mystery"}, "HN", None) is None
+    assert build_template({**POOL, "flavor": "mystery"}, "HN", {"kubernetes.io/hostname": "n1"}) is None
 
 
 # ---------------------------------------------------------------- regions
@@ -203,6 +271,19 @@ def test_hanoi_spellings_normalise_to_one_name(spelling: str) -> None:
 @pytest.mark.parametrize("spelling", ["HCM", "hcm", "HoChiMinh", "ho-chi-minh", "hochiminh"])
 def test_hochiminh_spellings_normalise_to_one_name(spelling: str) -> None:
     assert normalize_region(spelling) == "HoChiMinh"
+
+
+@pytest.mark.parametrize(
+    ("spelling", "code"), [("HN", "HN"), ("HaNoi", "HN"), ("ha-noi", "HN"), ("hcm", "HCM"), ("HoChiMinh", "HCM")]
+)
+def test_the_region_label_is_bizflys_short_code_whatever_the_spelling(spelling: str, code: str) -> None:
+    assert region_code(spelling) == code
+    assert _parse({**PASSWORD_RAW, "region": spelling}).region_label == code
+
+
+def test_the_region_label_can_be_set_and_an_unknown_region_keeps_its_name() -> None:
+    assert _parse({**PASSWORD_RAW, "region_label": "hanoi-1"}).region_label == "hanoi-1"
+    assert _parse({**PASSWORD_RAW, "region": "VC-HaNoi"}).region_label == "VC-HaNoi"
 
 
 def test_region_comparison_ignores_spelling_but_not_the_region() -> None:
@@ -224,7 +305,8 @@ def test_password_config_defaults() -> None:
     assert cfg.api_url == "https://manage.bizflycloud.vn"
     assert cfg.token_url == "https://manage.bizflycloud.vn/api/token"
     assert cfg.kubernetes_engine_url is None
-    assert cfg.tenant_id == ""
+    assert cfg.project_id == cfg.tenant_id == ""
+    assert cfg.region_label == "HN"
 
 
 def test_token_url_follows_api_url_with_or_without_api_suffix() -> None:
@@ -248,7 +330,7 @@ def test_upstream_environment_overrides_the_file_when_it_applies() -> None:
         "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": "env-secret",
         "BIZFLYCLOUD_REGION": "hcm",
         "BIZFLYCLOUD_API_URL": "https://env.test",
-        "BIZFLYCLOUD_TENANT_ID": "tenant-1",
+        "BIZFLYCLOUD_TENANT_ID": "0A1B2C3D4E5F60718293A4B5C6D7E8F9",
         "CLUSTER_NAME": "envcluster",
         "BIZFLYCLOUD_EMAIL": "env@example.com",
     }
@@ -258,7 +340,15 @@ def test_upstream_environment_overrides_the_file_when_it_applies() -> None:
     assert cfg.password == ""  # the other flow's secret is not kept around
     assert cfg.region == "HoChiMinh"
     assert cfg.api_url == "https://env.test" and cfg.token_url == "https://env.test/api/token"
-    assert cfg.tenant_id == "tenant-1" and cfg.cluster_name == "envcluster" and cfg.email == "env@example.com"
+    assert cfg.project_id == "0a1b2c3d4e5f60718293a4b5c6d7e8f9"  # the older variable names the project
+    assert cfg.cluster_name == "envcluster" and cfg.email == "env@example.com"
+
+
+def test_the_project_comes_from_project_id_or_its_older_name() -> None:
+    project = "fd109a330e1a4ffbb85c336972d5aed4"
+    assert _parse({**PASSWORD_RAW, "project_id": project}).project_id == project
+    assert _parse(PASSWORD_RAW, {"BIZFLYCLOUD_PROJECT_ID": project}).project_id == project
+    assert _parse({**PASSWORD_RAW, "tenant_id": project, "project_id": project.upper()}).project_id == project
 
 
 def test_environment_is_ignored_when_several_bizfly_backends_exist() -> None:
@@ -298,6 +388,14 @@ def test_secret_from_a_named_environment_variable() -> None:
         ({**PASSWORD_RAW, "request_timeout": 0}, "backends[0].bizfly.request_timeout", "out of range"),
         ({**PASSWORD_RAW, "request_timeout": 30}, "backends[0].bizfly.request_timeout", "no unit"),
         ({**PASSWORD_RAW, "max_attempts": 11}, "backends[0].bizfly.max_attempts", "out of range"),
+        ({**PASSWORD_RAW, "project_id": "demo-project"}, "backends[0].bizfly.project_id", "not a Bizfly project id"),
+        ({**PASSWORD_RAW, "tenant_id": "tenant-42"}, "backends[0].bizfly.tenant_id", "not a Bizfly project id"),
+        (
+            {**PASSWORD_RAW, "project_id": "a" * 32, "tenant_id": "b" * 32},
+            "backends[0].bizfly.tenant_id",
+            "while project_id names",
+        ),
+        ({**PASSWORD_RAW, "region_label": "Ha Noi"}, "backends[0].bizfly.region_label", "not a Kubernetes label"),
     ],
 )
 def test_config_errors_name_the_key_and_a_fix(raw: dict[str, object], key: str, words: str) -> None:
@@ -336,8 +434,15 @@ def test_token_bodies_for_both_flows() -> None:
     assert (body["application_credential_id"], body["application_credential_secret"]) == ("cid", "csecret")
 
 
-def test_tenant_headers_are_present_even_when_empty() -> None:
-    assert tenant_headers(_parse(PASSWORD_RAW)) == {"X-Tenant-Name": "ops@example.com", "X-Tenant-Id": ""}
+def test_a_configured_project_scopes_the_login() -> None:
+    project = "fd109a330e1a4ffbb85c336972d5aed4"
+    assert token_request_body(_parse({**PASSWORD_RAW, "project_id": project}))["project_id"] == project
+    assert "project_id" not in token_request_body(_parse(PASSWORD_RAW))
+
+
+def test_the_project_header_is_the_current_vendor_clients_and_absent_without_a_project() -> None:
+    assert project_headers("fd109a330e1a4ffbb85c336972d5aed4") == {"X-Project-ID": "fd109a330e1a4ffbb85c336972d5aed4"}
+    assert project_headers("") == {}
 
 
 def test_token_expiry_parsing() -> None:
@@ -353,7 +458,7 @@ def test_token_expiry_parsing() -> None:
 def test_template_quantities_are_valid_kubernetes_quantities(flavor: str) -> None:
     from server.node_encoding import is_valid_quantity
 
-    template = build_template({**POOL, "flavor": flavor}, "HaNoi", None)
+    template = build_template({**POOL, "flavor": flavor}, "HN", None)
     assert template is not None
     for quantities in (template.capacity, template.allocatable):
         assert all(is_valid_quantity(q) for q in quantities.values()), quantities

@@ -487,12 +487,16 @@ def yaml_blocks(path: Path, after_heading: str) -> list[str]:
     return [block.split("```", 1)[0] for block in text.split("```yaml\n")[1:]]
 
 
-def test_the_readme_minimal_config_passes_validate_offline():
+def test_the_readme_minimal_config_is_refused_for_its_placeholder_alone():
     block = yaml_blocks(ROOT / "README.md", "## Configure")[0]
     result = validate(yaml.safe_load(block), env={}, offline=True)
-    assert result.problems == ()
+    assert [(p.key, p.problem) for p in result.problems] == [
+        ("backends[0].node_groups.<pool-id>", "'<pool-id>' is a placeholder from an example")
+    ]
     assert [p.key for p in result.unchecked] == ["backends[0].scaleway.secret_key_env"]
-    assert validate(yaml.safe_load(block), env={"SCW_SECRET_KEY": SECRET}).config is not None
+    filled = yaml.safe_load(block.replace("<pool-id>", "2f0c6a7e-8b1d-4c3e-9f4a-0d1e2f3a4b5c"))
+    assert validate(filled, env={}, offline=True).problems == ()
+    assert validate(filled, env={"SCW_SECRET_KEY": SECRET}).config is not None
 
 
 def test_the_operations_guide_example_validates():
@@ -523,3 +527,70 @@ def test_the_open_files_limit_is_raised_for_max_connections_or_the_key_refused(l
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert expected in done.stdout, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------- issue 32: one precise error each
+def _backend(**extra):
+    scw = {"cluster_id": "11111111-2222-3333-4444-555555555555", "region": "fr-par", "secret_key_env": "SCW_KEY"}
+    return {"name": "scw", "type": "scaleway", "scaleway": scw, **extra}
+
+
+def test_a_misspelt_type_is_one_problem_that_says_did_you_mean():
+    raw = {"backends": [_backend(type="scalway")]}
+    result = validate(raw, env={}, offline=True)
+    assert [(p.key, p.problem, p.fix) for p in result.problems] == [
+        ("backends[0].type", "'scalway' is not a supported cloud (did you mean scaleway?)", "write scaleway")
+    ]  # and no "scaleway.secret_key_env: unknown key ... use one of: ..., secret_key_env"
+
+
+def test_a_type_far_from_any_cloud_lists_the_clouds():
+    (only,) = validate({"backends": [_backend(type="aws")]}, env={}, offline=True).problems
+    assert only.fix == "use one of: scaleway, bizfly"
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        ({"node_groups": {"<pool-id>": {"options": {"scale_down_unneeded_time": "5m"}}}}, "node_groups.<pool-id>"),
+        (
+            {"scaleway": {"cluster_id": "<the cluster id>", "region": "fr-par", "secret_key_env": "K"}},
+            "scaleway.cluster_id",
+        ),
+    ],
+)
+def test_placeholders_are_refused_once_each(where, key):
+    problems = validate({"backends": [_backend(**where)]}, env={"K": SECRET}, offline=True).problems
+    assert [p.key for p in problems] == [f"backends[0].{key}"]
+    assert "placeholder from an example" in problems[0].problem
+
+
+@pytest.mark.parametrize(
+    ("listen", "address", "cert", "expected"),
+    [
+        ("127.0.0.1:8086", "127.0.0.1:8086", "", None),
+        (
+            "127.0.0.1:8086",
+            "127.0.0.1:9999",
+            "",
+            "'address' port 9999 is not the server's listen port (127.0.0.1:8086)",
+        ),
+        ("127.0.0.1:8086", "ca-externalgrpc-server.kube-system.svc:8086", "", "listens on 127.0.0.1:8086 only"),
+        ("127.0.0.1:8086", "127.0.0.1:8086", "/c.crt", "'cert' is set, so the CA dials with TLS"),
+    ],
+)
+def test_validate_checks_the_cloud_config_address_against_listen(tmp_path, listen, address, cert, expected):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"listen": listen, "backends": [_backend()]}))
+    cloud_config = tmp_path / "cloud-config"
+    cloud_config.write_text(
+        yaml.safe_dump({"address": address, **({"cert": cert, "key": cert, "cacert": cert} if cert else {})})
+    )
+    done = run_cli("validate", "--offline", "--config", str(config), "--cloud-config", str(cloud_config))
+    cloud_lines = [line for line in done.stdout.splitlines() if line.startswith(str(cloud_config))]
+    if expected is None:
+        assert done.returncode == 0, done.stdout
+        assert cloud_lines == [f"{cloud_config}: OK (offline: shape only): a valid CA externalgrpc cloud-config"]
+    else:
+        assert done.returncode == 1
+        (line,) = cloud_lines
+        assert line.startswith(f"{cloud_config}: INVALID: ") and expected in line and f"(in {config})" in line

@@ -7,6 +7,8 @@ a Bizfly environment, its output passed through ``ca-externalgrpc validate``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from tests.unit.test_config import run_cli
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CLUSTER = "11111111-2222-3333-4444-555555555555"
+REPO = Path(__file__).resolve().parents[2]
 SECRET = "3f0c2b4e-5d6a-4b7c-8d9e-0a1b2c3d4e5f"
 SCALEWAY_ENV = {"CLUSTER_ID": CLUSTER, "SCW_SECRET_KEY": SECRET, "SCW_REGION": "nl-ams"}
 BIZFLY_PASSWORD_ENV = {
@@ -149,7 +152,7 @@ def test_bizfly_application_credential_login() -> None:
         "app_credential_id": "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
         "app_credential_secret_env": "BIZFLYCLOUD_APP_CREDENTIAL_SECRET",
         "region": "HCM",
-        "tenant_id": "8d1f3b0c5e7a4b2f9c6d0e1a2b3c4d5e",
+        "project_id": "8d1f3b0c5e7a4b2f9c6d0e1a2b3c4d5e",  # the in-tree X-Tenant-Id, now X-Project-ID
     }
 
 
@@ -341,15 +344,16 @@ def test_from_in_tree_names_every_problem_of_a_broken_input_and_fails(tmp_path: 
     env_file = tmp_path / "credentials.env"
     env_file.write_text("BIZFLYCLOUD_AUTH_METHOD=password\nBIZFLYCLOUD_API_URL=http://api.example.com\nnot a line\n")
     done = run_cli("config", "from-in-tree", "--cloud-provider", "bizflycloud", "--env-file", str(env_file))
-    assert done.returncode == 1
-    assert done.stdout.splitlines() == [
+    # Problems go to stderr: `... > config.yaml` shows them on the terminal and leaves no error in the file.
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines() == [
         "in-tree bizflycloud settings: INVALID: 1 problem",
         f"  - {env_file}:3: not a KEY=VALUE line. Fix: write one VARIABLE=value per line",
     ]
     env_file.write_text("BIZFLYCLOUD_AUTH_METHOD=password\nBIZFLYCLOUD_API_URL=http://api.example.com\n")
     done = run_cli("config", "from-in-tree", "--cloud-provider", "bizflycloud", "--env-file", str(env_file))
-    assert done.returncode == 1 and done.stderr == ""
-    lines = done.stdout.splitlines()
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.splitlines()
     assert lines[0] == "in-tree bizflycloud settings: INVALID: 4 problems"
     assert [line.split(":")[0] for line in lines[1:]] == [
         "  - CLUSTER_NAME",
@@ -377,3 +381,76 @@ def test_the_server_refuses_at_start_what_the_in_tree_bizfly_provider_accepts(
     # The in-tree provider runs with no node group at all, or sends the login the API refuses.
     result = validate({"backends": [{"type": "bizfly", "bizfly": mapping}]}, env={})
     assert [(p.key, p.problem) for p in result.problems] == [(f"backends[0].bizfly.{key}", problem)]
+
+
+# ---------------------------------------------------------------------------------------------- issue 32
+def _scaleway_env_file(tmp_path: Path) -> Path:
+    env_file = tmp_path / "credentials.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in SCALEWAY_ENV.items()))
+    return env_file
+
+
+def _sidecar_secret(values_diff: str) -> str:
+    """The secretRef name the diff gives the sidecar."""
+    lines = values_diff.splitlines()
+    at = lines.index("+  - secretRef:")
+    return lines[at + 1].removeprefix("+      name: ")
+
+
+def test_from_in_tree_keeps_the_secret_the_helm_values_already_use(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("cloudProvider: scaleway\nenvFromSecret: scw-creds\n")
+    done = run_cli(
+        "config", "from-in-tree", "--cloud-provider", "scaleway", "--env-file", str(_scaleway_env_file(tmp_path)),
+        "--helm-values", str(values), "--output", str(tmp_path / "config.yaml"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # The sidecar reads the Secret the pod already has: applied as printed, nothing points at a missing one.
+    assert _sidecar_secret(done.stdout) == "scw-creds"
+    assert "(Secret scw-creds, same keys" in done.stdout
+    assert done.stderr == ""
+
+
+def test_from_in_tree_says_loudly_when_secret_replaces_the_values_secret(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("cloudProvider: scaleway\nenvFromSecret: scw-creds\n")
+    done = run_cli(
+        "config", "from-in-tree", "--cloud-provider", "scaleway", "--env-file", str(_scaleway_env_file(tmp_path)),
+        "--helm-values", str(values), "--secret", "new-creds",
+    )  # fmt: skip
+    assert done.returncode == 0
+    warning = next(line for line in done.stderr.splitlines() if line.startswith("WARNING: "))
+    assert "--secret new-creds replaces the envFromSecret of your values (scw-creds)" in warning
+    assert "must exist with the same keys" in warning
+    assert _sidecar_secret(done.stderr) == "new-creds"
+    assert done.stdout.startswith("# ca-externalgrpc config")  # the config alone on stdout
+
+
+def test_from_in_tree_service_layout_names_the_secret_server_mtls_reads(tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text("cloudProvider: scaleway\nenvFromSecret: scw-creds\n")
+    done = run_cli(
+        "config", "from-in-tree", "--cloud-provider", "scaleway", "--env-file", str(_scaleway_env_file(tmp_path)),
+        "--helm-values", str(values), "--layout", "service", "--output", str(tmp_path / "config.yaml"),
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert (
+        "WARNING: the service layout (deploy/kubernetes/server-mtls) reads Secret ca-externalgrpc-credentials, "
+        "not scw-creds" in done.stderr
+    )
+    # --output asked for no offline check: no "not checked (offline)" lines about files only the pod has.
+    assert "not checked" not in done.stdout + done.stderr
+    assert "offline" not in done.stdout
+
+
+def test_from_in_tree_redirected_to_a_file_leaves_problems_on_the_terminal(tmp_path: Path) -> None:
+    # As docs/migration.md runs it: `... from-in-tree ... > config.yaml`, here with nothing set.
+    config = tmp_path / "config.yaml"
+    with config.open("w") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "server.cli", "config", "from-in-tree", "--cloud-provider", "scaleway"],
+            stdout=out, stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"}, cwd=REPO, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert config.read_text() == ""  # no error text in the file
+    assert done.stderr.startswith("in-tree scaleway settings: INVALID: 3 problems")

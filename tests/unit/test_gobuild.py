@@ -189,6 +189,27 @@ def test_build_all_skips_what_is_up_to_date(
     assert lines[:3] == ["client: up to date", "tool-a: up to date", "tool-b: up to date"]
 
 
+@pytest.mark.usefixtures("go_present")
+def test_without_the_module_proxy_the_others_are_built_and_the_rest_named(
+    repo: Path, bin_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CA_MODULE_PROXY", str(tmp_path / "absent"))
+    built: list[str] = []
+
+    def fake_build(binary: gobuild.Binary, _go: str, output: Path, say: object) -> float:
+        built.append(binary.name)
+        output.write_text("binary")
+        return 0.0
+
+    monkeypatch.setattr(gobuild, "build", fake_build)
+    with pytest.raises(gobuild.ModuleProxyMissing) as raised:
+        gobuild.build_all(gobuild.discover(repo), say=lambda _line: None)
+    assert built == ["tool-a", "tool-b"]  # what needs no CA module is built anyway
+    message = str(raised.value)
+    assert message.startswith("1 binaries need the cluster-autoscaler modules of the CA module proxy and were not")
+    assert "not built: client. CA_MODULE_PROXY=" in message and message.endswith("the 2 others are built")
+
+
 # ---------------------------------------------------------------- the module proxy
 def test_a_missing_module_proxy_names_the_variable_and_what_it_must_hold(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import http.server
 import json
+import logging
 import socket
 import ssl
 import subprocess
@@ -372,8 +373,27 @@ def test_a_body_slower_than_the_deadline_is_a_timeout(server, sleeps):
     # requests it was reported as a failed connection for a GET).
     server.answer(Scripted(body={"pools": list(range(50))}, body_delay=1.0))
     transport = make(server, sleeps, max_timeout=0.2, retry=RetryPolicy(attempts=1))
-    with pytest.raises(CloudTimeout, match="got no answer within the time"):
+    with pytest.raises(CloudTimeout, match=r"got no answer within request_timeout \(0.2s, the testcloud backend"):
         transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+
+
+def test_a_timeout_names_its_real_cause_request_timeout_or_the_callers_deadline(server, sleeps, caplog):
+    # The attempt was cut by request_timeout: the caller's deadline had plenty left.
+    server.answer(Scripted(body={}, delay=1.0))
+    transport = make(server, sleeps, max_timeout=0.2, retry=RetryPolicy(attempts=1))
+    with caplog.at_level(logging.WARNING, logger="providers.http"), pytest.raises(CloudTimeout) as capped:
+        transport.request("GET", "/x", endpoint="/x", deadline=Deadline.after(10))
+    assert "within request_timeout (0.2s" in str(capped.value) and "caller's deadline" not in str(capped.value)
+    assert "-> timeout (no answer within request_timeout (0.2s" in caplog.records[-1].getMessage()
+    # The caller's deadline left less than request_timeout: that is what cut the attempt.
+    server.answer(Scripted(body={}, delay=2.0))
+    transport = make(server, sleeps, max_timeout=30, retry=RetryPolicy(attempts=1))
+    with caplog.at_level(logging.WARNING, logger="providers.http"), pytest.raises(CloudTimeout) as cut:
+        transport.request("GET", "/x", endpoint="/x", deadline=Deadline.after(1.0))
+    message = str(cut.value)
+    assert "s the caller's deadline left (below request_timeout, 30s)" in message
+    assert "request_timeout (" not in message
+    assert "the caller's deadline left" in caplog.records[-1].getMessage()
 
 
 def test_dropped_connection_of_non_idempotent_call_is_outcome_unknown(server, sleeps):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 from google.protobuf import wrappers_pb2
 
+from providers.backend import SyncHealth
 from server.metrics import GRPC_BUCKETS, Metrics
 from server.probes import Liveness, readiness, serve_http
 from server.rpc import Abort, Code, Dispatcher, NativeCallContext, UnaryMethod
@@ -181,13 +182,16 @@ class FakeGroup:
     instances: tuple = ()
 
 
-@dataclass
-class FakeHealth:
-    synced: bool = True
-    age: float | None = 3.0
-    stale: bool = False
-    last_error: str = ""
-    consecutive_failures: int = 0
+def FakeHealth(  # noqa: N802 - stands for the class it builds
+    synced: bool = True,
+    age: float | None = 3.0,
+    stale: bool = False,
+    last_error: str = "",
+    consecutive_failures: int = 0,
+    kind: str = "",
+    check: str = "",
+) -> SyncHealth:
+    return SyncHealth(synced, age, stale, last_error, consecutive_failures, kind, check)
 
 
 @dataclass
@@ -199,7 +203,7 @@ class FakeSnapshot:
 class FakeBackend:
     name: str
     groups: dict = field(default_factory=dict)
-    h: FakeHealth = field(default_factory=FakeHealth)
+    h: SyncHealth = field(default_factory=FakeHealth)
 
     @property
     def snapshot(self):
@@ -253,6 +257,19 @@ def test_failed_sync_counts_an_error_and_keeps_age_growing():
     b.h = FakeHealth(age=180.0, stale=True, last_error="cloud down", consecutive_failures=1)
     assert value(m, "ca_externalgrpc_snapshot_age_seconds", backend="bfly") == 180.0  # read at scrape
     assert value(m, "ca_externalgrpc_snapshot_stale", backend="bfly") == 1
+
+
+def test_sync_failure_has_one_series_per_reason_and_clears_after_a_good_sync():
+    m = Metrics()
+    failing = FakeHealth(
+        synced=False, age=None, stale=True, last_error="401", consecutive_failures=2, kind="credentials"
+    )
+    b = FakeBackend("scw", h=failing)
+    m.watch_backends([b])
+    reasons = ("credentials", "not_found", "rejected", "unreachable")
+    assert [value(m, "ca_externalgrpc_backend_sync_failure", backend="scw", reason=r) for r in reasons] == [1, 0, 0, 0]
+    b.h = FakeHealth()
+    assert [value(m, "ca_externalgrpc_backend_sync_failure", backend="scw", reason=r) for r in reasons] == [0, 0, 0, 0]
 
 
 def test_watched_backend_reports_stale_before_its_first_sync():
