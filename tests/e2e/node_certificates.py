@@ -87,7 +87,7 @@ def issue(api: k8s.ApiClient, namespace: str) -> list[str]:
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
         name = certificate["metadata"]["name"]
-        body = {
+        body: Any = {
             "apiVersion": "v1",
             "kind": "Secret",
             "type": "kubernetes.io/tls",
@@ -126,7 +126,8 @@ def issue(api: k8s.ApiClient, namespace: str) -> list[str]:
 
 
 def _items(custom: k8s.CustomObjectsApi, namespace: str, plural: str) -> list[dict[str, Any]]:
-    return list(custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)["items"])
+    found: Any = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, plural)
+    return list(found["items"])
 
 
 def _private_key(spec: dict[str, Any]) -> Any:

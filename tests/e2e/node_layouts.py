@@ -342,6 +342,7 @@ def deploy_server_mtls(env: NodeEnvironment, deployed: Deployed, overlay: Path) 
     install_crds(env.kubectl)
     deployed.applied_at = time.time()
     env.kubectl("apply", "-k", str(overlay))
+    assert env.api is not None
     issued = issue(env.api, NAMESPACE)
     assert sorted(issued) == sorted(certificate_names(KUBERNETES / "server-mtls" / "certificates.yaml")), issued
     wait_leader_ready(env)

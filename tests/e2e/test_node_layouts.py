@@ -80,11 +80,12 @@ def features_at_work(env: NodeEnvironment, deployed: Deployed) -> list[str]:
     written = sorted({f"{e['objectRef'].get('resource')}/{e['objectRef'].get('name', '')}" for e in theirs})
     events = {e.reason for e in env.our_events()}
     assert {"ScaledUpGroup", "DeletedNodes"} <= events, events
-    names = {c.metadata.name for c in env.core.list_namespaced_config_map(NAMESPACE).items}
+    configmaps: Any = env.core.list_namespaced_config_map(NAMESPACE).items
+    names = {str(c.metadata.name) for c in configmaps}
     assert {"ca-externalgrpc-journal", "ca-externalgrpc-status"} <= names, names
     assert any(n.startswith("ca-externalgrpc-templates-") for n in names), names
     if deployed.server_account == MTLS_SERVER_ACCOUNT:
-        held = k8s.CoordinationV1Api(env.api).read_namespaced_lease("ca-externalgrpc", NAMESPACE)
+        held: Any = k8s.CoordinationV1Api(env.api).read_namespaced_lease("ca-externalgrpc", NAMESPACE)
         assert holder_name(held.spec.holder_identity) == leader_pod(env).metadata.name, held.spec.holder_identity
     return written
 

@@ -82,7 +82,8 @@ def test_the_kubelet_probes_the_sidecar_over_the_pods_address(start_node: Any, f
             break
         time.sleep(1)
     assert pod is not None, "no CA pod"
-    probes = sorted({e.message for e in env.core.list_namespaced_event(NAMESPACE).items if e.reason == "Unhealthy"})
+    events: Any = env.core.list_namespaced_event(NAMESPACE).items
+    probes = sorted({str(e.message) for e in events if e.reason == "Unhealthy"})
     address = pod.status.pod_ip
     outcome = f"Ready in {time.time() - started:.1f} s" if ready else f"not Ready after {READY_WITHIN:.0f} s"
     publish(f"| {family} first ({address}) | http_listen {listen} | {outcome} | {probes[0] if probes else ''} |")

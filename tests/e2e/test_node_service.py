@@ -174,6 +174,11 @@ def accepted_at(env: NodeEnvironment, since: float) -> list[tuple[str, int]]:
     return found
 
 
+def accepting_processes(env: NodeEnvironment, at: float) -> list[tuple[str, int]]:
+    """The process that logged the write accepted at ``at`` (its log line may lag the answer a little)."""
+    return env.wait_for(lambda: accepted_at(env, at), 10, "the accepting replica's log")
+
+
 def fail_over(env: NodeEnvironment, client: ServiceClient, group: str, event: str) -> Failover:
     # Settled: the two replicas up, the leader Ready, and the client served again (its channel may still be
     # in its reconnection backoff after the previous event).
@@ -196,7 +201,7 @@ def fail_over(env: NodeEnvironment, client: ServiceClient, group: str, event: st
             attempts += outcome["attempts"]
             if outcome["accepted"] is None:
                 break
-            by = env.wait_for(lambda at=outcome["accepted"]: accepted_at(env, at), 10, "the accepting replica's log")
+            by = accepting_processes(env, float(outcome["accepted"]))
             if old_process in by:
                 old_accepted += 1
             else:
