@@ -14,16 +14,31 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install native-test protos protos-check run build test unit integration conformance e2e e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
-# Quiet: pip says nothing unless something fails, and setuptools' notice that every editable install
-# prints (a folder named like the package may shadow it) is filtered out; errors still show.
-$(STAMP): pyproject.toml
+# Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
+# dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
+# dependency), then the lock's check against pyproject.toml, then the project itself in editable mode
+# with no dependency of its own (--no-deps) and the locked setuptools as its build backend
+# (--no-build-isolation: nothing is fetched outside the lock). Quiet: pip says nothing unless something
+# fails, and setuptools' notice that every editable install prints (a folder named like the package may
+# shadow it) is filtered out; errors still show.
+LOCKED_DEPS := $(VENV)/.locked-deps
+$(LOCKED_DEPS): requirements/dev.txt
 	@$(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r requirements/dev.txt
+	@touch $@
+$(STAMP): $(LOCKED_DEPS) pyproject.toml uv.lock
+	@$(PY) -m tests.support.lock --check --who "make install"
+	@PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
-	@echo "installed into $(VENV): $(VENV)/bin/ca-externalgrpc --version prints $$($(VENV)/bin/ca-externalgrpc --version)"
+
+# Update the lock after a change of pyproject.toml's dependencies: uv keeps every locked version the
+# ranges still allow and resolves the rest (a few seconds), then writes requirements/. To move
+# everything to the newest versions the ranges allow: make lock LOCK_ARGS=--upgrade (or
+# --upgrade-package NAME).
+lock: $(LOCKED_DEPS)
+	@$(PY) -m tests.support.lock --write $(LOCK_ARGS)
 
 # The native serving engine (native/, Rust): built by maturin into the venv, rebuilt when its sources
 # change. Cargo keeps its downloads in $(HOME)/.cargo and its build in native/target (both reused);
@@ -46,19 +61,26 @@ $(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
 	@echo "building the native serving engine (native/) with cargo; progress below"
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --manifest-path native/Cargo.toml
 	@touch $(NATIVE_STAMP)
+	@echo "installed into $(VENV) from the lock (requirements/dev.txt): $(VENV)/bin/ca-externalgrpc --version prints"
+	@$(VENV)/bin/ca-externalgrpc --version | sed 's/^/  /'
 
 install: $(STAMP) $(NATIVE_STAMP)
 
 # The two distributions as wheels in dist/: the server (pure Python) and the native engine (one abi3
 # wheel for CPython >= 3.11, built by maturin with the cargo on PATH; its build reuses native/target).
 # `pip install` of them needs no Rust (docs/operations.md, "Install"); make image takes the native one.
-# Each is rebuilt only when its sources change.
-SERVER_SOURCES := pyproject.toml README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
-dist/.server-wheel: $(STAMP) $(SERVER_SOURCES)
+# Each is rebuilt only when its sources change. Both are built by the lock's tools (setuptools without
+# build isolation, maturin), from the venv make install made.
+SERVER_SOURCES := pyproject.toml setup.py README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
+# The server's wheel records the commit it is built from (setup.py; ca-externalgrpc --version): a new
+# commit rebuilds it, through dist/.commit, which changes only when HEAD does.
+HEAD_COMMIT := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+$(shell mkdir -p dist && [ "$$(cat dist/.commit 2>/dev/null)" = "$(HEAD_COMMIT)" ] || echo "$(HEAD_COMMIT)" > dist/.commit)
+dist/.server-wheel: $(STAMP) $(SERVER_SOURCES) dist/.commit
 	@echo "building the server's wheel into dist/"
 	@rm -f dist/ca_externalgrpc_server-*.whl
-	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir dist .
-	@rm -rf build
+	@$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation --wheel-dir dist .
+	@rm -rf build ca_externalgrpc_server.egg-info
 	@touch $@
 dist/.native-wheel: $(STAMP) $(NATIVE_SOURCES)
 	@cargo --version > /dev/null 2>&1 || { echo "make wheels: the native engine's wheel needs a working Rust toolchain (cargo on PATH; with rustup, a default toolchain)"; exit 1; }
@@ -90,7 +112,7 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 
 typecheck: install
-	$(VENV)/bin/mypy server providers simulators devstack
+	$(VENV)/bin/mypy server providers simulators devstack deploy/sbom.py
 
 # The one Go build step: every binary declared by a build.toml (tests/support/gobuild.py), rebuilt
 # only when its sources or Go changed. Tests never compile; they fail with "run make build".
@@ -155,7 +177,7 @@ native-test: install
 PODMAN := $(shell command -v podman 2>/dev/null)
 test: build native-test wheels $(if $(PODMAN),image node-images)
 	$(PY) -m pytest -q tests
-	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py tests/hostile/test_http_fuzz.py
 
 # The replay of the CA's calls (Go load client) against our server and the upstream example, at
 # 1,000 to 20,000 nodes (tests/bench/README.md).
@@ -191,6 +213,25 @@ IMAGE ?= ca-externalgrpc-server:$(VERSION)
 IMAGE_BASES ?= debian
 image: wheels
 	@$(PY) -m tests.support.imagebuild --image $(IMAGE) --bases $(IMAGE_BASES) $(IMAGE_ARGS)
+
+# Known vulnerabilities of the locked runtime and development sets (pip-audit against PyPI's advisory
+# data, else OSV's). Where no advisory source answers it says so in one line and succeeds; a known
+# vulnerability fails it. AUDIT_ARGS='--ignore-vuln ID' accepts one that does not apply
+# (tests/support/audit.py).
+audit: install
+	@$(PY) -m tests.support.audit $(AUDIT_ARGS)
+
+# Two image builds from fresh clones of HEAD, a few minutes apart, without podman's layer cache: the same
+# packages, versions and hashes, or a list of what differs (tests/support/reproduce.py; about 10 min).
+reproduce: install
+	@$(PY) -m tests.support.reproduce $(REPRODUCE_ARGS)
+
+# A release from a clean commit: make release VERSION=x.y.z checks that every place names x.y.z, that
+# CHANGELOG.md has its entry, the lock and a clean tree, then writes the wheels, the image archive, its
+# bill of materials and SHA256SUMS into dist/release/x.y.z/ (tests/support/release.py;
+# docs/operations.md, "Releases").
+release: install
+	@$(PY) -m tests.support.release --version "$(if $(filter command line,$(origin VERSION)),$(VERSION))" --image $(IMAGE) --bases $(IMAGE_BASES)
 
 # Render the official cluster-autoscaler Helm chart (from the CA module) with deploy/helm's values and
 # every kustomize tree, check what comes out and validate it offline (also part of make test).

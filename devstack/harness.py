@@ -360,14 +360,15 @@ class ServerProcess(ChildProcess):
         name: str = "ours",
         start_timeout: float = START_TIMEOUT_SECONDS,
         listen: str = ANY_LOOPBACK_PORT,
+        http_listen: str = ANY_LOOPBACK_PORT,
         from_checkout: bool = True,
     ) -> None:
         # The config and the ready file live in workdir (a fresh temporary directory by default).
-        # ``listen`` stays port 0; only tests of the off-loopback rules pick another host.
+        # ``listen`` and ``http_listen`` stay port 0; only tests of the listening rules pick another host.
         # ``from_checkout=False``: an installed ``command`` (a virtualenv's console script) runs with
         # nothing of this checkout on its path, in workdir.
         workdir = workdir or Path(tempfile.mkdtemp(prefix="ca-externalgrpc-"))
-        config = {**with_test_engine(raw_config), "listen": listen, "http_listen": ANY_LOOPBACK_PORT}
+        config = {**with_test_engine(raw_config), "listen": listen, "http_listen": http_listen}
         self.config_path = write_config(workdir / f"{name}.yaml", config)
         self.ready_path = workdir / f"{name}.ready.json"
         self.credentials = credentials

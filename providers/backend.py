@@ -569,7 +569,7 @@ class Backend:
         group = self.group(group_id)
         cloud = self.adapter.template(group, self._observed_labels.get(group_id))
         learned = self._learned.get(group_id)
-        if learned is not None and _machine_type_changed(learned.template, cloud):
+        if learned is not None and _machine_type_changed(learned.template, cloud, self.adapter.same_machine_type):
             # The pool now makes another machine type: the last node no longer describes a new one.
             learned = None
         base: NodeTemplate | None = cloud
@@ -1086,9 +1086,12 @@ def learned_over_cloud(learned: NodeTemplate, cloud: NodeTemplate | None) -> Nod
     )
 
 
-def _machine_type_changed(learned: NodeTemplate, cloud: NodeTemplate | None) -> bool:
-    """The cloud now names another instance type for the group than the learned node carried."""
+def _machine_type_changed(
+    learned: NodeTemplate, cloud: NodeTemplate | None, same: Callable[[str, str], bool] = str.__eq__
+) -> bool:
+    """The cloud now names another instance type for the group than the learned node carried; ``same`` is the
+    cloud's own comparison (``CloudAdapter.same_machine_type``), so another spelling of one type is no change."""
     if cloud is None:
         return False
     now, then = cloud.labels.get(INSTANCE_TYPE_LABEL), learned.labels.get(INSTANCE_TYPE_LABEL)
-    return bool(now and then and now != then)
+    return bool(now and then and not same(now, then))

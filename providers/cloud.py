@@ -56,6 +56,15 @@ class CloudAdapter(abc.ABC):
         """The template for scale-from-zero; by default what the listing carried."""
         return group.template
 
+    def same_machine_type(self, first: str, second: str) -> bool:
+        """Whether two values of ``node.kubernetes.io/instance-type`` name one machine type.
+
+        A cloud whose API spells its types otherwise than its nodes' label does (Scaleway's ``pro2_xxs``
+        against ``PRO2-XXS``) says so here, so a template learned from a node is not dropped as "the
+        group's machine type changed" when only the spelling differs. Default: equal strings.
+        """
+        return first == second
+
     def node_price(self, group: GroupState, node: NodeRef, start: dt.datetime, end: dt.datetime) -> float:
         raise NotSupported(f"{self.cloud} has no node pricing")
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class DomainError(Exception):
     """Base class; ``str(err)`` is the actionable message the CA will log."""
@@ -79,11 +82,16 @@ class NotLeader(CloudUnavailable):
 
 
 class CloudRequestRejected(DomainError):
-    """The cloud API refused the request (4xx other than auth); retrying unchanged will not help."""
+    """The cloud API refused the request (4xx other than auth); retrying unchanged will not help.
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    ``body`` is the cloud's error body when it was a JSON object (else None), so a cloud package can read
+    its fields (Scaleway's ``type``, ``resource``, ``current_state``) instead of parsing the message.
+    """
+
+    def __init__(self, message: str, status: int | None = None, body: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.body = body
 
 
 class CloudAuthFailed(DomainError):

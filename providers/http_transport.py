@@ -402,6 +402,7 @@ class HttpTransport:
         idempotent: bool | None = None,
         changes_cloud: bool | None = None,
         headers: Mapping[str, str] | None = None,
+        body_optional: bool = False,
     ) -> JsonResponse:
         """Send one logical call; return the parsed 2xx answer or raise a ``providers.errors`` type.
 
@@ -410,6 +411,11 @@ class HttpTransport:
         for, but the template keeps metric cardinality bounded). ``changes_cloud`` (default: any
         write method) says whether an unclear answer leaves the cloud's state unknown; a login POST
         changes nothing the server tracks, so its failures are plain ``CloudUnavailable``.
+
+        ``body_optional``: the call is done once the cloud answers 2xx, whatever the body (a size write or
+        a deletion: the cloud applied it). A body that is empty, not JSON or does not parse comes back as
+        ``body=None`` instead of a "malformed answer" error, which would report an applied change as a
+        failure; the caller reads the new state back if it needs it.
         """
         method = method.upper()
         if idempotent is None:
@@ -425,7 +431,17 @@ class HttpTransport:
             )
         try:
             response = self._call(
-                method, path, endpoint, deadline, params, json_body, idempotent, changes_cloud, headers, probe
+                method,
+                path,
+                endpoint,
+                deadline,
+                params,
+                json_body,
+                idempotent,
+                changes_cloud,
+                headers,
+                probe,
+                body_optional,
             )
         except NotLeader:
             # Refused by this replica's own write gate: the cloud was not asked and says nothing.
@@ -462,6 +478,7 @@ class HttpTransport:
         changes_cloud: bool,
         extra_headers: Mapping[str, str] | None,
         probe: bool,
+        body_optional: bool = False,
     ) -> JsonResponse:
         url = self.base_url + (path if path.startswith("/") else "/" + path)
         query = _encode_params(params) if params else ""
@@ -508,7 +525,7 @@ class HttpTransport:
                 raise self._redirect_error(response, method, endpoint)
             if response is not None and response.status < 400:
                 self._log_attempt(method, endpoint, outcome, attempt, "")
-                return self._parse_success(response, method, endpoint)
+                return self._parse_success(response, method, endpoint, body_optional)
             if response is not None and response.status not in RETRYABLE_STATUSES:
                 self._log_attempt(method, endpoint, outcome, attempt, "refused, not retried")
                 raise self._client_error(response, method, endpoint)
@@ -673,11 +690,13 @@ class HttpTransport:
         what = f"{self.api} API {method} {endpoint}"
         if outcome.response is not None:
             detail = self._describe_body(outcome.response)
+            why = (
+                "the cloud's rate limiter refused it"
+                if outcome.response.status == 429
+                else "the cloud is overloaded or failing"
+            )
             return CloudUnavailable(
-                self.redact(
-                    f"{what} answered {outcome.response.status}{detail}; the cloud is overloaded or failing, "
-                    "the call will be retried later"
-                )
+                self.redact(f"{what} answered {outcome.response.status}{detail}; {why}, the call will be retried later")
             )
         if outcome.label == "timeout":
             within = self._timeout_words(outcome)
@@ -738,7 +757,11 @@ class HttpTransport:
                 else "the credentials lack permission for this call; grant the key the needed permissions"
             )
             return CloudAuthFailed(self.redact(f"{what}: {reason or 'unauthorized'} ({hint})"))
-        return CloudRequestRejected(self.redact(f"{what}: {reason or 'request rejected'}"), status=status)
+        return CloudRequestRejected(
+            self.redact(f"{what}: {reason or 'request rejected'}"),
+            status=status,
+            body=body if isinstance(body, Mapping) else None,
+        )
 
     def _describe_body(self, response: urllib3.BaseHTTPResponse) -> str:
         body = _json_or_text(response)
@@ -749,24 +772,40 @@ class HttpTransport:
             text = text[:_MAX_QUOTED_BODY] + "..."
         return ": " + self.redact(text)
 
-    def _parse_success(self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str) -> JsonResponse:
+    def _parse_success(
+        self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str, body_optional: bool = False
+    ) -> JsonResponse:
         raw = response.data
         if not raw.strip():
             return JsonResponse(response.status, response.headers, None)
         content_type = response.headers.get("Content-Type", "")
+        problem = ""
+        body: Any = None
         if "json" not in content_type.lower():
-            raise CloudUnavailable(
-                f"malformed answer from {self.api} API {method} {endpoint}: expected JSON, got content "
-                f"type {content_type or 'none'!r} (a proxy or captive portal in the path?)"
+            problem = (
+                f"expected JSON, got content type {content_type or 'none'!r} (a proxy or captive portal in the path?)"
             )
-        try:
-            body = json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not text
-            why = f"{exc.msg} at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
-            raise CloudUnavailable(
-                f"malformed answer from {self.api} API {method} {endpoint}: invalid JSON ({why})"
-            ) from None
-        return JsonResponse(response.status, response.headers, body)
+        else:
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not text
+                why = f"{exc.msg} at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+                problem = f"invalid JSON ({why})"
+        if not problem:
+            return JsonResponse(response.status, response.headers, body)
+        if not body_optional:
+            raise CloudUnavailable(f"malformed answer from {self.api} API {method} {endpoint}: {problem}")
+        # 2xx means the cloud did it: an unreadable body must not turn an applied change into a failure.
+        log.info(
+            "%s %s %s answered %d with a body that is not JSON (%s); the call is done, its body is not used",
+            self.api,
+            method,
+            endpoint,
+            response.status,
+            problem,
+            extra={"api": self.api, "method": method, "endpoint": endpoint, "status": str(response.status)},
+        )
+        return JsonResponse(response.status, response.headers, None)
 
 
 def _json_or_text(response: urllib3.BaseHTTPResponse) -> Any:

@@ -8,7 +8,6 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -16,8 +15,6 @@ from providers.config_errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
     from server.app import RunningServer
-
-DISTRIBUTION = "ca-externalgrpc-server"
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -31,11 +28,18 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return text
 
 
-def version() -> str:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed: run make install)"
+class VersionAction(argparse.Action):
+    """``--version``: the version, the commit, the engine and the library versions (server/build_info.py),
+    worked out only when asked for (it may run git)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from server.build_info import report
+
+        print(report(parser.prog))
+        parser.exit()
 
 
 def _configure_logging(fmt: str, level: str) -> None:
@@ -216,7 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="cluster-autoscaler externalgrpc cloud-provider server",
         formatter_class=DefaultsHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print the version, the commit it was built from, the serving engine and the versions of "
+        "grpcio, protobuf and the native engine, and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     levels = ["debug", "info", "warning", "error"]
 

@@ -116,7 +116,7 @@ CA_CLOUD_CONFIGS: Mapping[str, Mapping[str, str]] = {
 }
 #: the Secret the deploy/ layouts mount into the server; the in-tree CA's variables keep their names there
 CREDENTIALS_SECRET = "ca-externalgrpc-credentials"
-SIDECAR_IMAGE = "ca-externalgrpc-server:0.1.0"
+SIDECAR_IMAGE = "ca-externalgrpc-server:0.2.0"
 
 
 @dataclass

@@ -1,25 +1,34 @@
-"""The probe/metrics port's HTTP/1.1 server: one asyncio loop on one thread, every resource a client can
-hold bounded.
+"""The probe/metrics port's HTTP/1.1 server: h11 parses, this module decides; one asyncio loop on one
+thread, and everything a client can hold is bounded.
 
 The port is plaintext and, in the sidecar layouts, reachable from the whole pod network, so anyone can
-connect; kubelet's probes must still be answered within their one-second timeout. The standard
-library's ``ThreadingHTTPServer`` this replaces kept one thread per connection for as long as the peer
-kept it open (README, "Hand-written parts"). Here a connection is a small object on one loop, and:
+connect; kubelet's probes must still be answered within their one-second timeout. h11 (a sans-IO HTTP/1.1
+implementation) reads request heads and writes answers, so the protocol's rules (request-line grammar,
+``Host`` required once, ``Content-Length`` digits and conflicts, ``Transfer-Encoding``, keep-alive and
+``Connection: close``, HTTP/1.0) are the library's; what stays here is the policy (README, "Hand-written
+parts"):
 
-* ``max_connections``: at the cap a new connection is admitted by closing the one that has waited
-  longest on its peer (for its request, for its next request, or to take its answer). A flood thus
-  costs a bounded number of sockets and never keeps a newcomer out: kubelet's probe connection is the
-  newest, and its request arrives at once.
-* ``request_timeout``: a request's line and headers must arrive within it, from the first byte (from the
-  connection's accept for its first request), and an answer must be taken within it; trickling bytes
-  does not reset it. A late request is answered 408 and closed.
-* ``idle_timeout``: how long a keep-alive connection may wait for its next request.
+* **Only fixed state.** The routes are given at construction (``/healthz``, ``/readyz``, ``/metrics``);
+  any other target is answered 404 from a constant, so no path, header, method or query a client sends
+  leaves anything behind once its connection is gone.
+* ``max_connections``: at the cap a newcomer is admitted by closing the connection that has waited
+  longest on its peer (for its request, for its next request, or to take its answer), except one that
+  sent a complete request line in the last second (``RECENT_REQUEST``) or whose answer is being
+  computed. Kubelet's probe sends its request with the connection, and its request line is looked at
+  (peeked) as soon as it is accepted, so a flood of connections that send nothing cannot push it out.
+  When every connection at the cap is that busy, the newcomer is closed instead.
+* ``request_timeout``: a request's line and headers must arrive within it, from the first byte (from
+  the accept for the first request), and an answer must be taken within it; trickling bytes does not
+  reset it. A late request is answered 408 and closed. ``idle_timeout``: how long a keep-alive
+  connection may wait for its next request.
 * request line at most 8 KiB (414), header block at most 16 KiB and 100 fields (431), GET and HEAD only
-  (405 with ``Allow``), no request body (413), at most 1,000 requests per connection.
+  (405 with ``Allow``), no request body (413), HTTP/1.0 and 1.1 only (505), at most 1,000 requests per
+  connection. Whatever h11 refuses is answered with the status it names (400 mostly) and closed.
 * fairness: one request per connection and loop turn (pipelining cannot hold the loop), reading paused
-  while a client leaves its answers unread or its buffer is full, and no path's answers computed more
+  while a client leaves its answers unread or its buffer is full, and no route's answers computed more
   than a quarter of the time once a short burst is spent (``BoundedHttpServer.ask``; past it, answers up
   to a second old are given again), so floods of /metrics requests leave the probes their turn.
+* log lines about refused requests and closed connections: at most one a minute, with counts.
 """
 
 from __future__ import annotations
@@ -30,26 +39,33 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+import urllib.parse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
+
+import h11
 
 log = logging.getLogger(__name__)
 
 #: what a route answers: (status, body, content type)
 Answer = tuple[int, bytes, str]
-#: path (without the query) -> its answer; called on the server's loop, so it must not block
-Route = Callable[[str], Answer]
+#: computes a route's answer; called on the server's loop, so it must not block
+Route = Callable[[], Answer]
 
 TEXT = "text/plain; charset=utf-8"
 ALLOWED_METHODS = ("GET", "HEAD")
 SERVER_NAME = "ca-externalgrpc"
+NOT_FOUND: Answer = (404, b"not found: try /metrics, /healthz, /readyz\n", TEXT)
 #: how long a connection refused for a bad request may keep sending before it is reset: enough for the
 #: answer to reach the client, which a reset with unread bytes would destroy
 LINGER_SECONDS = 1.0
-DROP_LOG_INTERVAL = 60.0
-#: computing one path's answers may take this share of the loop's time over a long run ...
+#: at most one warning line this often about refused requests and closed connections
+REFUSAL_LOG_INTERVAL = 60.0
+#: a connection that sent a complete request line this recently is never closed to make room
+RECENT_REQUEST = 1.0
+#: computing one route's answers may take this share of the loop's time over a long run ...
 ANSWER_SHARE = 0.25
 #: ... and this many seconds at a stretch: a scraper is never slowed, a client that asks without pause is
 ANSWER_BURST = 0.25
@@ -74,7 +90,7 @@ class HttpLimits:
 class _Refused(Exception):
     """A request answered with ``status`` and closed: malformed, over a limit, or not one we serve."""
 
-    def __init__(self, status: HTTPStatus, body: str, allow: bool = False) -> None:
+    def __init__(self, status: int, body: str, allow: bool = False) -> None:
         super().__init__(body)
         self.status = status
         self.body = body
@@ -84,30 +100,47 @@ class _Refused(Exception):
 @dataclass(frozen=True)
 class _Request:
     method: str
-    path: str
-    keep_alive: bool
+    route: str | None  # a key of the server's routes, or None: answered NOT_FOUND
+
+
+@dataclass
+class _RouteState:
+    """A route's share of the loop: seconds of credit (as of ``since``), its last answer, who waits."""
+
+    compute: Route
+    credit: float = ANSWER_BURST
+    since: float = 0.0
+    last: tuple[Answer, float] | None = None  # (answer, loop time its computing started)
+    waiting: list[_Connection] = field(default_factory=list)
+
+
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening socket on ``host:port``: ``::`` (or an empty host) is every IPv6 *and* IPv4 address,
+    ``0.0.0.0`` every IPv4 one, anything else that address alone. ``OSError`` when it cannot bind."""
+    host = host.strip("[]")
+    if host in ("", "::"):
+        return socket.create_server(("::", port), family=socket.AF_INET6, backlog=backlog, dualstack_ipv6=True)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=backlog)
 
 
 class BoundedHttpServer:
-    """Serves ``route`` on ``host:port`` in a daemon thread; ``.port`` is the bound port (with port 0).
+    """Serves ``routes`` on ``host:port`` in a daemon thread; ``.port`` is the bound port (with port 0).
 
     The socket is bound here, so a busy or forbidden address raises ``OSError`` in the caller.
     """
 
-    def __init__(self, host: str, port: int, route: Route, limits: HttpLimits | None = None) -> None:
+    def __init__(self, host: str, port: int, routes: Mapping[str, Route], limits: HttpLimits | None = None) -> None:
         self.limits = limits or HttpLimits()
-        self.route = route
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, port), family=family, backlog=self.limits.backlog)
+        self._socket = listening_socket(host, port, self.limits.backlog)
         self.host = host
         self.port = int(self._socket.getsockname()[1])
         self.loop = asyncio.new_event_loop()
+        self._routes = {path: _RouteState(compute) for path, compute in routes.items()}
         self._connections: dict[_Connection, None] = {}  # admission order
-        self._drops: dict[str, int] = {}
-        self._waiting: dict[str, list[_Connection]] = {}  # path -> connections waiting for its answer
-        self._compute_budget: dict[str, tuple[float, float]] = {}  # path -> (seconds of credit, as of)
-        self._last_answer: dict[str, tuple[Answer, float]] = {}  # path -> (answer, loop time it was started)
-        self._drops_logged_at = time.monotonic() - DROP_LOG_INTERVAL  # the first drop is logged at once
+        self._refusals: dict[str, int] = {}  # what was refused or closed (a fixed set of words) -> count
+        self._refusals_logged_at = time.monotonic() - REFUSAL_LOG_INTERVAL  # the first is logged at once
+        self._date = (0, "")  # (second, Date header value) shared by the answers of one second
         self._listening: asyncio.AbstractServer | None = None
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), name="http-probes", daemon=True)
@@ -141,81 +174,117 @@ class BoundedHttpServer:
     def connections(self) -> int:
         return len(self._connections)
 
-    def ask(self, path: str, connection: _Connection) -> None:
-        """Answer ``connection``'s request for ``path`` now, or with the others that wait for it.
+    # ---------------------------------------------------------------- called on the loop
 
-        Computing a path's answers may take a quarter of the loop's time: a token bucket of compute time,
-        ANSWER_SHARE of the time passed, at most ANSWER_BURST saved up. Within it, every answer is computed
-        after its request arrived (the requests of one loop turn share one). Once a client that asks for
-        /metrics without pause, or a crowd of them, has spent it, they get the last answer while it is
-        at most ANSWER_REUSE old, or wait for the next: the probes keep their turn.
+    def route_of(self, target: bytes) -> str | None:
+        """The route a request target names (origin or absolute form, query ignored), or None."""
+        text = target.decode("ascii", "replace")
+        if not text.startswith("/"):
+            split = urllib.parse.urlsplit(text)
+            if split.scheme.lower() not in ("http", "https") or not split.netloc:
+                return None
+            text = split.path or "/"
+        path = text.split("?", 1)[0]
+        return path if path in self._routes else None
+
+    def ask(self, route: str | None, connection: _Connection) -> None:
+        """Answer ``connection``'s request for ``route`` now, or with the others that wait for it.
+
+        Computing a route's answers may take a quarter of the loop's time: a token bucket of compute
+        time, ANSWER_SHARE of the time passed, at most ANSWER_BURST saved up. Within it, every answer is
+        computed after its request arrived (the requests of one loop turn share one). Once a client that
+        asks for /metrics without pause, or a crowd of them, has spent it, they get the last answer while
+        it is at most ANSWER_REUSE old, or wait for the next: the probes keep their turn.
         """
-        now = self.loop.time()
-        credit = self._credit(path, now)
-        last = self._last_answer.get(path)
-        if path not in self._waiting and credit <= 0 and last is not None and now - last[1] <= ANSWER_REUSE:
-            connection.deliver(last[0])
+        if route is None:
+            connection.deliver(NOT_FOUND)
             return
-        waiting = self._waiting.setdefault(path, [])
-        waiting.append(connection)
-        if len(waiting) == 1:
-            self.loop.call_later(0.0 if credit > 0 else -credit / ANSWER_SHARE, self._answer, path)
+        state = self._routes[route]
+        now = self.loop.time()
+        credit = _credit(state, now)
+        if not state.waiting and credit <= 0 and state.last is not None and now - state.last[1] <= ANSWER_REUSE:
+            connection.deliver(state.last[0])
+            return
+        state.waiting.append(connection)
+        if len(state.waiting) == 1:
+            self.loop.call_later(0.0 if credit > 0 else -credit / ANSWER_SHARE, self._answer, route)
 
-    def _credit(self, path: str, now: float) -> float:
-        """Seconds of computing ``path`` may take now (negative: it took more than its share lately)."""
-        credit, since = self._compute_budget.get(path, (ANSWER_BURST, now))
-        return min(ANSWER_BURST, credit + (now - since) * ANSWER_SHARE)
-
-    def _answer(self, path: str) -> None:
-        waiting = self._waiting.pop(path, [])
+    def _answer(self, route: str) -> None:
+        state = self._routes[route]
+        waiting, state.waiting = state.waiting, []
         started = self.loop.time()
-        credit = self._credit(path, started)
+        credit = _credit(state, started)
         try:
-            answer = self.route(path)
+            answer = state.compute()
         except Exception:
-            log.exception("the probe/metrics port failed to answer %s", path)
+            log.exception("the probe/metrics port failed to answer %s", route)
             answer = 500, b"internal error\n", TEXT
         finished = self.loop.time()
-        self._compute_budget[path] = (credit - (finished - started), finished)
-        self._last_answer[path] = (answer, started)
+        state.credit, state.since = credit - (finished - started), finished
+        state.last = (answer, started)
         for connection in waiting:
             connection.deliver(answer)
 
-    # ---------------------------------------------------------------- called on the loop
-
-    def admit(self, connection: _Connection) -> None:
+    def admit(self, connection: _Connection) -> bool:
+        """Take ``connection`` in, making room at the cap (see the module doc); False: it was closed."""
         if len(self._connections) >= self.limits.max_connections:
-            oldest = min(self._connections, key=lambda c: c.waiting_since)
-            oldest.drop("max_connections")
+            now = self.loop.time()
+            evictable = [c for c in self._connections if not c.busy(now)]
+            if not evictable:
+                self.count("max_connections")
+                return False
+            min(evictable, key=lambda c: c.waiting_since).drop("max_connections")
         self._connections[connection] = None
+        return True
 
     def forget(self, connection: _Connection) -> None:
         self._connections.pop(connection, None)
 
-    def count_drop(self, reason: str) -> None:
-        """At most one warning a minute, so that a flood does not become a flood of log lines."""
-        self._drops[reason] = self._drops.get(reason, 0) + 1
+    def count(self, what: str) -> None:
+        """Count a refused request or a closed connection; at most one warning a minute says how many."""
+        self._refusals[what] = self._refusals.get(what, 0) + 1
         now = time.monotonic()
-        if now - self._drops_logged_at >= DROP_LOG_INTERVAL:
-            counts = ", ".join(f"{n} at http.{why}" for why, n in sorted(self._drops.items()))
+        if now - self._refusals_logged_at >= REFUSAL_LOG_INTERVAL:
+            counts = ", ".join(f"{n} {why}" for why, n in sorted(self._refusals.items()))
             log.warning(
-                "probe/metrics port: closed connections that held it (%s) in the last %.0fs",
+                "probe/metrics port: refused requests and closed connections in the last %.0fs: %s",
+                now - self._refusals_logged_at,
                 counts,
-                now - self._drops_logged_at,
             )
-            self._drops.clear()
-            self._drops_logged_at = now
+            self._refusals.clear()
+            self._refusals_logged_at = now
+
+    def date(self) -> str:
+        second = int(time.time())
+        if self._date[0] != second:
+            self._date = (second, formatdate(second, usegmt=True))
+        return self._date[1]
+
+
+def _credit(state: _RouteState, now: float) -> float:
+    """Seconds of computing the route may take now (negative: it took more than its share lately)."""
+    return min(ANSWER_BURST, state.credit + (now - state.since) * ANSWER_SHARE)
+
+
+def _ends_request_line(data: bytes) -> bool:
+    """Whether ``data``, the start of a request head, holds its complete request line."""
+    return b"\n" in data.lstrip(b"\r\n")
 
 
 class _Connection(asyncio.Protocol):
-    """One client connection: a buffer, one timer, and where it is in its exchange."""
+    """One client connection: an h11 state machine, a buffer of bytes not yet given to it, one timer."""
 
     def __init__(self, server: BoundedHttpServer) -> None:
         self.server = server
         self.limits = server.limits
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        # h11 is given at most one chunk at a time (see _next_event), so its own buffer stays small
+        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=self._max_head())
+        self.buffer = bytearray()  # received, not yet given to h11
+        self.head_bytes = 0  # bytes of the current request head given to h11 so far
+        self.line_checked = False  # the current head's request line is known to be within its limit
+        self.line_at: float | None = None  # when the current head's request line was complete
         self.served = 0
         self.waiting_since = self.loop.time()
         self.timer: asyncio.TimerHandle | None = None
@@ -227,13 +296,36 @@ class _Connection(asyncio.Protocol):
         self.asked: _Request | None = None  # a request whose answer the server is computing
         self.closing = False
 
+    def _max_head(self) -> int:
+        return self.limits.max_request_line + self.limits.max_header_bytes
+
     # ---------------------------------------------------------------- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.server.admit(self)
+        self._peek_request_line()
+        if not self.server.admit(self):
+            self.abort()
+            return
         self._wait(self.limits.request_timeout)
+
+    def _peek_request_line(self) -> None:
+        """A request sent with the connection (kubelet's probe) protects it from being closed for room
+        before its bytes are read (the rest of the accepted backlog is admitted first)."""
+        transport_socket = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if transport_socket is None:
+            return
+        # asyncio's socket wrapper has no recv: a socket object on the same descriptor, detached after
+        peek = socket.socket(fileno=transport_socket.fileno())
+        try:
+            start = peek.recv(self.limits.max_request_line, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:
+            return
+        finally:
+            peek.detach()
+        if _ends_request_line(start):
+            self.line_at = self.loop.time()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -241,6 +333,10 @@ class _Connection(asyncio.Protocol):
         if self.idle:
             self.idle = False
             self._wait(self.limits.request_timeout)
+        if self.line_at is None and self.asked is None:
+            started = self.head_bytes or self.buffer.strip(b"\r\n")  # a request head has begun before
+            if (b"\n" in data) if started else _ends_request_line(data):
+                self.line_at = self.loop.time()
         self.buffer += data
         self._flow()
         self._schedule()
@@ -274,6 +370,10 @@ class _Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- the exchange
 
+    def busy(self, now: float) -> bool:
+        """Not to be closed for room: its answer is being computed, or it just sent a request line."""
+        return self.asked is not None or (self.line_at is not None and now - self.line_at < RECENT_REQUEST)
+
     def _wait(self, seconds: float) -> None:
         """Start waiting on the peer: the one timer, and the age the connection limit compares."""
         if self.timer is not None:
@@ -287,14 +387,14 @@ class _Connection(asyncio.Protocol):
             self.abort()
         elif self.idle and not self.write_blocked:
             self.drop(None)  # a keep-alive connection that asked nothing more: the normal end
-        elif self.write_blocked or not self.buffer:
+        elif self.write_blocked or not (self.buffer or self.head_bytes):
             self.drop("request_timeout")  # silent since accept, or not taking its answers: nothing to answer
         else:
-            self.server.count_drop("request_timeout")
             self._refuse(_Refused(HTTPStatus.REQUEST_TIMEOUT, "the request did not arrive in time"))
 
     def _next_request(self) -> None:
-        if self.buffer:
+        self.line_at = None
+        if self.buffer or self.head_bytes:  # the next request has begun (pipelined)
             self.idle = False
             self._wait(self.limits.request_timeout)
         else:
@@ -303,7 +403,7 @@ class _Connection(asyncio.Protocol):
 
     def _flow(self) -> None:
         """Read while the buffer is small and the client takes its answers; pause reading otherwise."""
-        pause = self.write_blocked or len(self.buffer) > self.limits.max_request_line + self.limits.max_header_bytes
+        pause = self.write_blocked or len(self.buffer) > self._max_head()
         if pause != self.reading_paused and self.transport is not None and not self.closing:
             self.reading_paused = pause
             if pause:
@@ -322,7 +422,7 @@ class _Connection(asyncio.Protocol):
         if self.closing or self.write_blocked or self.asked is not None:
             return
         try:
-            request = self._parse()
+            request = self._next_request_head()
         except _Refused as refused:
             self._refuse(refused)
             return
@@ -334,7 +434,7 @@ class _Connection(asyncio.Protocol):
         if self.timer is not None:  # the server's own wait is bounded: no timeout while it computes
             self.timer.cancel()
             self.timer = None
-        self.server.ask(request.path, self)
+        self.server.ask(request.route, self)
 
     def deliver(self, answer: Answer) -> None:
         """The answer to the request asked: write it, then go on with the next one."""
@@ -342,18 +442,19 @@ class _Connection(asyncio.Protocol):
         if self.closing or request is None:
             return
         self.served += 1
-        keep_alive = request.keep_alive and self.served < self.limits.max_requests_per_connection
+        last = self.served >= self.limits.max_requests_per_connection
         status, body, content_type = answer
-        log.debug("http %s %s %d", request.method, request.path, status)
-        self._write(status, body, content_type, keep_alive, head_only=request.method == "HEAD")
-        if not keep_alive:
-            self._close()
+        log.debug("http %s %s %d", request.method, request.route, status)
+        self._write(status, body, content_type, close=last, head_only=request.method == "HEAD")
+        if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
+            self._close()  # the client asked to close (or HTTP/1.0), or this was its last request
             return
+        self.h11.start_next_cycle()
         self._flow()
         if self.write_blocked:
             return  # pause_writing has armed the timer: the client must take this answer first
         self._next_request()
-        if self.buffer or self.peer_done:
+        if not self.idle or self.peer_done:
             self._schedule()
 
     def _close(self) -> None:
@@ -367,8 +468,9 @@ class _Connection(asyncio.Protocol):
         """Answer ``refused`` and close; keep reading (and dropping) for a moment so that the client's
         unread bytes do not reset the connection before it reads the answer."""
         log.debug("http refused: %d %s", refused.status, refused.body)
-        extra = {"Allow": ", ".join(ALLOWED_METHODS)} if refused.allow else {}
-        self._write(refused.status, refused.body.encode() + b"\n", TEXT, False, extra=extra)
+        self.server.count(f"answered {refused.status}")
+        extra = [("Allow", ", ".join(ALLOWED_METHODS))] if refused.allow else []
+        self._write(refused.status, refused.body.encode() + b"\n", TEXT, close=True, extra=extra)
         self.closing = True
         self.buffer.clear()
         assert self.transport is not None
@@ -384,27 +486,35 @@ class _Connection(asyncio.Protocol):
         status: int,
         body: bytes,
         content_type: str,
-        keep_alive: bool,
+        close: bool,
         head_only: bool = False,
-        extra: dict[str, str] | None = None,
+        extra: list[tuple[str, str]] | None = None,
     ) -> None:
-        lines = [
-            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
-            f"Server: {SERVER_NAME}",
-            f"Date: {formatdate(usegmt=True)}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-            *(f"{name}: {value}" for name, value in (extra or {}).items()),
-            "Connection: keep-alive" if keep_alive else "Connection: close",
+        headers = [
+            ("Server", SERVER_NAME),
+            ("Date", self.server.date()),
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            *(extra or []),
         ]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        assert self.transport is not None
-        self.transport.write(head if head_only else head + body)
+        if close:
+            headers.append(("Connection", "close"))
+        reason = HTTPStatus(status).phrase.encode()
+        try:
+            out = self.h11.send(h11.Response(status_code=status, headers=headers, reason=reason))
+            if not head_only:
+                out += self.h11.send(h11.Data(data=body))
+            out += self.h11.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:  # h11 cannot answer in its state (an answer already begun)
+            self.abort()
+            return
+        assert self.transport is not None and out is not None
+        self.transport.write(out)
 
     def drop(self, reason: str | None) -> None:
         """Close at once, without an answer; ``reason``, the limit it held the port past, is counted."""
         if reason is not None:
-            self.server.count_drop(reason)
+            self.server.count(f"closed at http.{reason}")
         self.server.forget(self)
         self.abort()
 
@@ -416,70 +526,69 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # ---------------------------------------------------------------- parsing
+    # ---------------------------------------------------------------- reading a request (h11)
 
-    def _parse(self) -> _Request | None:
-        """The next complete request head in the buffer, removed from it; None while it is incomplete."""
-        buffer = self.buffer
-        while buffer[:2] == b"\r\n" or buffer[:1] == b"\n":  # empty lines before a request are allowed
-            del buffer[: 2 if buffer[:1] == b"\r" else 1]
-        limits = self.limits
-        line_end = buffer.find(b"\n", 0, limits.max_request_line + 1)
-        if line_end < 0:
-            if len(buffer) > limits.max_request_line:
-                raise _Refused(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {limits.max_request_line} bytes")
-            return None
-        head_end = _end_of_head(buffer, line_end, limits.max_header_bytes)
-        if head_end < 0:
-            if len(buffer) - line_end > limits.max_header_bytes:
-                raise _Refused(
-                    HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"header fields over {limits.max_header_bytes} bytes"
-                )
-            return None
-        head = bytes(buffer[:head_end]).decode("latin-1")
-        del buffer[:head_end]
-        request_line, *fields = head.rstrip("\r\n").split("\n")
-        return self._request(request_line.rstrip("\r"), [f.rstrip("\r") for f in fields])
+    def _next_request_head(self) -> _Request | None:
+        """The next complete request in what the client sent, checked against the policy; None while
+        its head is incomplete. Raises ``_Refused`` for a request that is answered with an error."""
+        while True:
+            try:
+                event = self.h11.next_event()
+            except h11.RemoteProtocolError as err:
+                raise _Refused(err.error_status_hint, _protocol_error(err)) from None
+            if isinstance(event, h11.Request):
+                return self._admit_request(event)
+            if event is h11.PAUSED:  # the previous answer is not written yet (it is: see deliver)
+                return None
+            if event is not h11.NEED_DATA:  # a body (refused before it is read) or the end of one
+                continue
+            self._check_request_line()
+            if not self.buffer:
+                return None
+            chunk = bytes(self.buffer[: self._max_head()])
+            del self.buffer[: len(chunk)]
+            self.head_bytes += len(chunk)
+            self.h11.receive_data(chunk)
+            self._flow()
 
-    def _request(self, request_line: str, fields: list[str]) -> _Request:
-        parts = request_line.split(" ")
-        if len(parts) != 3 or not parts[0] or not parts[1]:
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"malformed request line {request_line[:100]!r}")
-        method, target, version = parts
-        if version not in ("HTTP/1.1", "HTTP/1.0"):
-            if version.startswith("HTTP/"):
-                raise _Refused(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"{version[:20]} is not served: use HTTP/1.1")
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"malformed request line {request_line[:100]!r}")
-        if len(fields) > self.limits.max_header_fields:
+    def _check_request_line(self) -> None:
+        """414 once an incomplete head's first line is over the limit (h11 only bounds the whole head)."""
+        if self.line_checked or self.head_bytes <= self.limits.max_request_line:
+            return
+        pending, _ = self.h11.trailing_data
+        start = pending.lstrip(b"\r\n")
+        if b"\n" not in start[: self.limits.max_request_line + 1]:
+            raise _Refused(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {self.limits.max_request_line} bytes")
+        self.line_checked = True
+
+    def _admit_request(self, event: h11.Request) -> _Request:
+        """Our policy for a request h11 has read: version, size of the head, method, no body."""
+        pending, _ = self.h11.trailing_data  # what follows this head: the start of the next request
+        self.head_bytes, self.line_checked = len(pending), False
+        if event.http_version not in (b"1.0", b"1.1"):
+            version = event.http_version.decode("ascii", "replace")[:10]
+            raise _Refused(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, f"HTTP/{version} is not served: use HTTP/1.1")
+        if len(event.method) + len(event.target) + len(b"  HTTP/1.1\r\n") > self.limits.max_request_line:
+            raise _Refused(HTTPStatus.REQUEST_URI_TOO_LONG, f"request line over {self.limits.max_request_line} bytes")
+        headers = event.headers
+        if len(headers) > self.limits.max_header_fields:
             raise _Refused(
                 HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"more than {self.limits.max_header_fields} header fields"
             )
-        headers: dict[str, str] = {}
-        for field in fields:
-            name, colon, value = field.partition(":")
-            if not colon or not name or name != name.strip() or field[:1] in (" ", "\t"):
-                raise _Refused(HTTPStatus.BAD_REQUEST, f"malformed header field {field[:100]!r}")
-            key = name.lower()
-            value = value.strip()
-            if key == "content-length" and key in headers and headers[key] != value:
-                raise _Refused(HTTPStatus.BAD_REQUEST, "conflicting Content-Length fields")
-            headers[key] = f"{headers[key]}, {value}" if key in headers and key != "content-length" else value
-        length = headers.get("content-length", "0")
-        if not length.isdigit():
-            raise _Refused(HTTPStatus.BAD_REQUEST, f"Content-Length {length[:30]!r} is not a number")
-        has_body = int(length) > 0 or "transfer-encoding" in headers
+        if sum(len(name) + len(value) + 4 for name, value in headers) > self.limits.max_header_bytes:
+            raise _Refused(
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"header fields over {self.limits.max_header_bytes} bytes"
+            )
+        method = event.method.decode("ascii", "replace")
         if method not in ALLOWED_METHODS:
             raise _Refused(HTTPStatus.METHOD_NOT_ALLOWED, f"{method[:20]} is not served: use GET", allow=True)
-        if has_body:
+        if any(name in (b"content-length", b"transfer-encoding") and value != b"0" for name, value in headers):
             raise _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "this server takes no request body")
-        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-        keep_alive = "keep-alive" in tokens if version == "HTTP/1.0" else "close" not in tokens
-        return _Request(method, target.split("?", 1)[0], keep_alive)
+        self.h11.next_event()  # the end of a request without a body: h11 has it already
+        return _Request(method, self.server.route_of(event.target))
 
 
-def _end_of_head(buffer: bytearray, line_end: int, max_header_bytes: int) -> int:
-    """The index just past the empty line that ends the head starting at the request line, or -1."""
-    stop = line_end + max_header_bytes + 4
-    crlf, lf = buffer.find(b"\n\r\n", line_end, stop), buffer.find(b"\n\n", line_end, stop)
-    ends = [index + size for index, size in ((crlf, 3), (lf, 2)) if index >= 0]
-    return min(ends) if ends else -1
+def _protocol_error(err: h11.RemoteProtocolError) -> str:
+    """h11's reason, without the client's bytes it may quote (an answer never echoes them)."""
+    reason = str(err).split(":", 1)[0] if "illegal" in str(err) else str(err)
+    return f"bad request: {reason[:100]}"

@@ -147,17 +147,24 @@ def serve_http(
     that raises answers 503 naming the exception type.
     """
 
-    def route(path: str) -> Answer:
-        if path == "/metrics":
-            if metrics is None:
-                return 404, b"metrics disabled\n", TEXT
-            return 200, metrics.exposition(), EXPOSITION_CONTENT_TYPE
-        if path in ("/healthz", "/readyz"):
-            ok, reason = _run_check(live if path == "/healthz" else ready, path)
-            return (200 if ok else 503), reason.encode() + b"\n", TEXT
-        return 404, b"not found: try /metrics, /healthz, /readyz\n", TEXT
+    def metrics_answer() -> Answer:
+        if metrics is None:
+            return 404, b"metrics disabled\n", TEXT
+        return 200, metrics.exposition(), EXPOSITION_CONTENT_TYPE
 
-    return BoundedHttpServer(host.strip("[]"), port, route, limits)
+    def check_answer(check: Check | None, path: str) -> Callable[[], Answer]:
+        def answer() -> Answer:
+            ok, reason = _run_check(check, path)
+            return (200 if ok else 503), reason.encode() + b"\n", TEXT
+
+        return answer
+
+    routes = {
+        "/metrics": metrics_answer,
+        "/healthz": check_answer(live, "/healthz"),
+        "/readyz": check_answer(ready, "/readyz"),
+    }
+    return BoundedHttpServer(host, port, routes, limits)
 
 
 def _run_check(check: Check | None, path: str) -> tuple[bool, str]:

@@ -447,7 +447,7 @@ async fn bind(host: &str, port: u16) -> std::io::Result<Vec<TcpListener>> {
         if let Some(first) = listeners.first() {
             address.set_port(first.local_addr()?.port()); // port 0: every address on the one chosen
         }
-        match TcpListener::bind(address).await {
+        match listen_on(address) {
             Ok(listener) => listeners.push(listener),
             Err(err) => first_error = first_error.or(Some(err)),
         }
@@ -456,6 +456,24 @@ async fn bind(host: &str, port: u16) -> std::io::Result<Vec<TcpListener>> {
         return Err(first_error.unwrap_or_else(|| std::io::Error::other("the host resolves to no address")));
     }
     Ok(listeners)
+}
+
+/// A listening socket on `address`. The unspecified IPv6 address (`::`) takes IPv4 connections too,
+/// whatever the host's `net.ipv6.bindv6only` says: `[::]` means every address (docs/operations.md).
+fn listen_on(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(address),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    if let std::net::SocketAddr::V6(v6) = address {
+        socket.set_only_v6(!v6.ip().is_unspecified())?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&address.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
 }
 
 #[pymodule]

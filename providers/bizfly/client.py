@@ -40,7 +40,7 @@ CLOUD = "bizfly"
 API_KUBERNETES_ENGINE = CLOUD
 API_TOKEN = f"{CLOUD}-token"
 API_CATALOG = f"{CLOUD}-catalog"
-USER_AGENT = "ca-externalgrpc-server/0.1 (bizfly)"
+USER_AGENT = "ca-externalgrpc-server/0.2 (bizfly)"
 KUBERNETES_ENGINE_SERVICE = "kubernetes_engine"
 # Endpoint names for metrics and messages. The Kubernetes Engine paths (/_/{cluster}/{pool}/{node})
 # say little to a person reading a dashboard, so each call is named after what it reads or writes.
@@ -123,20 +123,35 @@ class BizflyClient:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
         return self._call("GET", path, POOL_ENDPOINT, deadline).body
 
+    # The two writes: a 2xx answer is success whatever its body. No public client reads these answers, so
+    # nothing says they are JSON; an empty or unreadable body must not report an applied change as failed.
     def set_desired_size(self, pool_id: str, size: int, deadline: Deadline) -> None:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
-        self._call("PATCH", path, POOL_ENDPOINT, deadline, json_body={"desired_size": int(size)})
+        self._call("PATCH", path, POOL_ENDPOINT, deadline, json_body={"desired_size": int(size)}, body_optional=True)
 
     def delete_node(self, pool_id: str, node_id: str, deadline: Deadline) -> None:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}/{_segment(node_id)}"
-        self._call("DELETE", path, POOL_NODE_ENDPOINT, deadline)
+        self._call("DELETE", path, POOL_NODE_ENDPOINT, deadline, body_optional=True)
 
     # ------------------------------------------------------------------ plumbing
-    def _call(self, method: str, path: str, endpoint: str, deadline: Deadline, json_body: Any = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        endpoint: str,
+        deadline: Deadline,
+        json_body: Any = None,
+        body_optional: bool = False,
+    ) -> Any:
         with using_deadline(deadline):
             api = self._api_transport(deadline)
             return api.request(
-                method, self._api_prefix + path, endpoint=endpoint, deadline=deadline, json_body=json_body
+                method,
+                self._api_prefix + path,
+                endpoint=endpoint,
+                deadline=deadline,
+                json_body=json_body,
+                body_optional=body_optional,
             )
 
     def _api_transport(self, deadline: Deadline) -> HttpTransport:

@@ -4,12 +4,17 @@ Only what is Scaleway-specific lives here (docs/scaleway.md): which pools are
 groups, how nodes map to instances, how a size is written and a node deleted, templates and prices.
 Delta and min/max checks, pending changes, locking and syncing are the shared ``Backend``'s.
 
-What this adapter relies on from Kapsule:
+What this adapter relies on from Kapsule (each fact with its public source: docs/scaleway.md, "Evidence"):
 - ``DELETE .../autoscaler/nodes/{id}`` drains the node and lowers its pool's ``size`` by one on the
   cloud side (public API docs: "Pool size is reduced by 1"; upstream mirrors it with a local
   ``pool.Size--`` after the call). So ``delete_instance`` only deletes; it never PATCHes the size,
   which would race with the cloud's own decrement.
-- ``PATCH .../autoscaler/pools/{id}`` with ``{"size": n}`` sets the absolute desired size.
+- ``PATCH .../autoscaler/pools/{id}`` with ``{"size": n}`` sets the absolute desired size. It is sent
+  whatever the pool's last known status: nothing public says Kapsule refuses it while the pool is
+  ``upgrading`` or ``locked`` (the upstream provider sends it too), and when Kapsule does refuse, its 409
+  names the state it saw (``current_state``), which is what the CA is told.
+- A 2xx answer to either write means it is done, whatever its body; a 404 means "gone" only when the
+  body is Scaleway's typed ``not_found`` naming the pool or the node (a gateway's bare 404 is not).
 """
 
 from __future__ import annotations
@@ -28,12 +33,16 @@ from providers.model import CloudListing, GroupState, Instance, NodeRef, NodeTem
 from providers.scaleway.client import Node, Pool, ScalewayClient
 from providers.scaleway.config import ScalewayConfig
 from providers.scaleway.statuses import KNOWN_STATUSES, instance_status
-from providers.scaleway.templates import GPU_LABEL, POOL_ID_LABEL, gpu_type, pool_template
+from providers.scaleway.templates import GPU_LABEL, POOL_ID_LABEL, gpu_type, pool_template, same_instance_type
 
 log = logging.getLogger(__name__)
 
-# Pool statuses in which Kapsule refuses size changes (the API answers 409 transient_state).
-BUSY_POOL_STATUSES = frozenset({"locked", "upgrading"})
+# Error ``resource`` names that mean the pool or the node itself (recorded answers say "pool"; the
+# simulator's earlier "k8s_"-prefixed names are read too).
+POOL_RESOURCES = frozenset({"pool", "k8s_pool"})
+NODE_RESOURCES = frozenset({"node", "k8s_node"})
+# A node in one of these states is already what a deletion asks for.
+GONE_NODE_STATES = frozenset({"deleting", "deleted"})
 # Prefix of the id of a node Kapsule has not given a machine yet (empty provider_id), see synthetic_id.
 SYNTHETIC_ID_PREFIX = "scaleway://kapsule-node/"
 
@@ -50,6 +59,33 @@ def synthetic_id(node: Node) -> str:
     because deletion uses the node id, kept as ``Instance.cloud_id``.
     """
     return SYNTHETIC_ID_PREFIX + node.id
+
+
+def _resource(err: CloudRequestRejected) -> str:
+    value = (err.body or {}).get("resource")
+    return value if isinstance(value, str) else ""
+
+
+def _current_state(err: CloudRequestRejected) -> str:
+    value = (err.body or {}).get("current_state")
+    return value if isinstance(value, str) else ""
+
+
+def _names(err: CloudRequestRejected, resources: frozenset[str]) -> bool:
+    """Whether the error body is Scaleway's typed answer about one of ``resources`` (``resource`` field)."""
+    return _resource(err) in resources
+
+
+def _untyped_not_found(err: CloudRequestRejected, what: str) -> CloudRequestRejected:
+    """A 404 that does not say the pool or node is gone (a gateway's bare ``{"message": ...}``, or another
+    resource such as the region): the call reached no Kapsule object, so nothing is known about ``what``."""
+    named = _resource(err)
+    why = f"names the {named}, not the {what.split()[0]}" if named else "names no resource"
+    return CloudRequestRejected(
+        f"{err} The 404 {why}: {what} was not reached (check api_url and region in the scaleway config)",
+        status=err.status,
+        body=err.body,
+    )
 
 
 def debug_line(pool: Pool) -> str:
@@ -171,17 +207,19 @@ class ScalewayAdapter(CloudAdapter):
 
     # ------------------------------------------------------------------ writes
     def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None:
-        pool = group.cloud_data if isinstance(group.cloud_data, Pool) else None
-        if pool is not None and pool.status in BUSY_POOL_STATUSES:
-            raise self._busy(group.id, pool.status, "")
+        # Sent whatever status the last listing showed (upgrading, locked...): Kapsule decides, and says why.
         try:
             answer = self.client.update_pool_size(group.id, new_size, deadline)
         except CloudRequestRejected as err:
-            if err.status == 404:
+            if err.status == 404 and _names(err, POOL_RESOURCES):
                 raise NodeGroupNotFound(group.id) from err
+            if err.status == 404:
+                raise _untyped_not_found(err, f"pool {group.id}") from err
             if err.status == 409:
-                raise self._busy(group.id, pool.status if pool else "busy", str(err)) from err
+                raise self._busy(group.id, err) from err
             raise
+        if answer is None:
+            return  # a 2xx without a readable pool: done; the next listing shows the new size
         if answer.size != new_size:
             log.warning(
                 "Kapsule answered size %d to a request for %d",
@@ -194,7 +232,7 @@ class ScalewayAdapter(CloudAdapter):
         try:
             self.client.delete_node(instance.cloud_id, deadline)
         except CloudRequestRejected as err:
-            if err.status == 404:
+            if err.status == 404 and _names(err, NODE_RESOURCES):
                 # Already gone (a retry after a lost answer, or Kapsule finished first): the goal is met.
                 log.info(
                     "node %s was already deleted",
@@ -202,23 +240,33 @@ class ScalewayAdapter(CloudAdapter):
                     extra={"node_group": group.id, "cloud_id": instance.cloud_id},
                 )
                 return
-            # 409 transient_state: our error formatter names the node's current state. A node that is
-            # already being deleted is what we asked for; any other state (locked...) is a real refusal.
-            if err.status == 409 and ("is deleting" in str(err) or "is deleted" in str(err)):
+            if err.status == 404:
+                raise _untyped_not_found(err, f"node {instance.cloud_id}") from err
+            state = _current_state(err)
+            # 409 transient_state names the state Kapsule saw. A node that is already being deleted is what
+            # we asked for; any other state (locked, rebooting, upgrading...) is a real refusal.
+            if err.status == 409 and _names(err, NODE_RESOURCES) and state in GONE_NODE_STATES:
                 return
             if err.status == 409:
+                what = f"the API says the {_resource(err) or 'resource'} is {state}" if state else "a conflict"
                 raise GroupBusy(
-                    f"Kapsule refused to delete node {instance.name or instance.cloud_id} of pool {group.id} now "
-                    f"({err}); it is in a transient state (locked, rebooting, upgrading); the CA will retry"
+                    f"Kapsule refused to delete node {instance.name or instance.cloud_id} of pool {group.id} now: "
+                    f"{what} ({err}); the CA will retry"
                 ) from err
             raise
 
     @staticmethod
-    def _busy(group_id: str, status: str, detail: str) -> GroupBusy:
+    def _busy(group_id: str, err: CloudRequestRejected) -> GroupBusy:
+        state = _current_state(err)
+        if not state:
+            return GroupBusy(
+                f"Kapsule refused the size change of pool {group_id} with 409 without naming a state ({err}); the CA "
+                "retries on a later loop"
+            )
         return GroupBusy(
-            f"Kapsule pool {group_id} is {status} and refuses size changes until that finishes"
-            f"{f' ({detail})' if detail else ''}; the CA retries on a later loop. If it stays {status}, "
-            "check the pool in the Scaleway console (an upgrade in progress, or a locked account)"
+            f"Kapsule refused the size change of pool {group_id}: the API says the {_resource(err) or 'pool'} is "
+            f"{state} ({err}); the CA retries on a later loop. If it stays {state}, check the pool in the Scaleway "
+            "console (an upgrade in progress, or a locked account)"
         )
 
     # ------------------------------------------------------------------ templates, GPUs, prices
@@ -234,6 +282,9 @@ class ScalewayAdapter(CloudAdapter):
         if isinstance(group.cloud_data, Pool):
             return pool_template(group.cloud_data, self._region, observed_labels)
         return group.template
+
+    def same_machine_type(self, first: str, second: str) -> bool:
+        return same_instance_type(first, second)
 
     def group_for_price_node(self, node: NodeRef) -> str | None:
         return node.labels.get(POOL_ID_LABEL) or None

@@ -29,7 +29,7 @@ from providers.scaleway.config import ScalewayConfig
 
 log = logging.getLogger(__name__)
 
-PROJECT_USER_AGENT = "ca-externalgrpc-server/0.1.0"
+PROJECT_USER_AGENT = "ca-externalgrpc-server/0.2.0"
 PAGE_SIZE = 100
 # A listing longer than this many pages is a cloud bug or a moving target, not a cluster.
 MAX_PAGES = 500
@@ -188,8 +188,9 @@ class ScalewayClient:
         self._last_nodes = {node.id: node for node in listing.items}
         return listing
 
-    def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool:
-        """PATCH ``{"size": size}``; returns the pool as the cloud answered it."""
+    def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool | None:
+        """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer carried
+        no readable pool (the write is done all the same: docs/scaleway.md, "Writes")."""
         _require_id("pool id", pool_id)
         answer = self.transport.request(
             "PATCH",
@@ -197,19 +198,22 @@ class ScalewayClient:
             endpoint=POOL_ROUTE,
             deadline=deadline,
             json_body={"size": size},
+            body_optional=True,
         )
-        return _parse_one(answer, _parse_pool, "PATCH " + POOL_ROUTE)
+        return _parse_write_answer(answer, _parse_pool, "PATCH " + POOL_ROUTE)
 
-    def delete_node(self, node_id: str, deadline: Deadline) -> Node:
-        """DELETE one node. Kapsule drains it and lowers its pool's size by one itself."""
+    def delete_node(self, node_id: str, deadline: Deadline) -> Node | None:
+        """DELETE one node. Kapsule drains it and lowers its pool's size by one itself. The node as the
+        cloud answered it, or None when the 2xx answer carried no readable node (the deletion is done)."""
         _require_id("node id", node_id)
         answer = self.transport.request(
             "DELETE",
             NODE_ROUTE.format(region=self._region, node_id=node_id),
             endpoint=NODE_ROUTE,
             deadline=deadline,
+            body_optional=True,
         )
-        return _parse_one(answer, _parse_node, "DELETE " + NODE_ROUTE)
+        return _parse_write_answer(answer, _parse_node, "DELETE " + NODE_ROUTE)
 
     # ------------------------------------------------------------------ paging
     def _paginate(
@@ -263,10 +267,21 @@ def _require_id(what: str, value: str) -> None:
         raise InvalidRequest(f"{what} must be a non-empty path segment, got {value!r}")
 
 
-def _parse_one(answer: JsonResponse, parse: Callable[[Any], Any], route: str) -> Any:
+def _parse_write_answer(answer: JsonResponse, parse: Callable[[Any], Any], route: str) -> Any:
+    """The record a write's 2xx answer describes, or None: no public client reads these bodies, so nothing
+    says they are always JSON records, and the cloud has applied the write whatever the body is."""
     if answer.body is None:
-        raise _malformed(route, "empty body")
-    return parse(answer.body)
+        return None
+    try:
+        return parse(answer.body)
+    except CloudUnavailable as err:
+        log.info(
+            "scaleway API %s answered %d with a body that is not the expected record (%s); the write is done",
+            route,
+            answer.status,
+            err,
+        )
+        return None
 
 
 class _Fields:
@@ -338,8 +353,23 @@ def _parse_pool(raw: Any) -> Pool:
         capacity=f.mapping("capacity", int),
         allocatable=f.mapping("allocatable", int),
         labels=f.mapping("labels", str),
-        taints=f.mapping("taints", str),
+        taints=_taints(f),
     )
+
+
+def _taints(f: _Fields) -> dict[str, str]:
+    """The pool's taints as ``key -> "value:Effect"`` (or ``"Effect"``). The autoscaler endpoint sends that map
+    (the CA's own provider decodes it so); the public pool endpoint sends a list of ``{key, value, effect}``,
+    read too, so a change of form on the autoscaler endpoint costs no listing."""
+    raw = f.raw.get("taints")
+    if not isinstance(raw, list):
+        return f.mapping("taints", str)
+    taints: dict[str, str] = {}
+    for item in raw:
+        taint = _Fields(item, f"{f.what} taint")
+        key, value, effect = taint.text("key", required=True), taint.text("value"), taint.text("effect")
+        taints[key] = f"{value}:{effect}" if value else effect
+    return taints
 
 
 def _parse_node(raw: Any) -> Node:

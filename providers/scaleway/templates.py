@@ -8,7 +8,7 @@ docs/scaleway.md, "The simulator"): ``cpu`` in cores, ``memory`` and ``ephemeral
 
 Labels, lowest precedence first:
 1. what a Kapsule node of the pool is known to carry: ``kubernetes.io/os=linux``, ``kubernetes.io/arch``
-   (arm64 for the COPARM1/AMP2 families, else amd64), ``node.kubernetes.io/instance-type`` = node type,
+   (arm64 for the COPARM1/AMP2 families, else amd64), ``node.kubernetes.io/instance-type``,
    ``topology.kubernetes.io/region``/``zone``, ``k8s.scaleway.com/pool`` (pool id; NodePrice looks the
    pool up by it) and ``k8s.scaleway.com/pool-name``, and the GPU label on GPU pools;
 2. labels seen on a real node of the group that describe it (the Backend passes them, filtered by
@@ -16,6 +16,12 @@ Labels, lowest precedence first:
 3. the pool's own ``labels`` from the API (what Kapsule says it will put on new nodes).
 ``kubernetes.io/hostname`` is never copied: one fixed hostname for every hypothetical node would make
 the CA's scheduling simulation wrong; the server names the template node itself.
+
+The instance type is spelled as real nodes carry it, whatever the pool says: the pools API answers its
+``node_type`` in lower case with underscores (``pro2_xxs``), while Scaleway's cloud-controller-manager
+labels each node with the Instance API's commercial type (``PRO2-XXS``); see instance_type() and
+docs/scaleway.md, "Evidence". No other source (a pool label, a node's label) can change it, as the
+cloud-controller-manager rewrites that label on every node it initialises.
 """
 
 from __future__ import annotations
@@ -44,6 +50,19 @@ NODE_SPECIFIC_LABELS = frozenset(
     }
 )
 _ARM_NODE_TYPE_PREFIXES = ("COPARM1", "AMP2")
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+def instance_type(node_type: str) -> str:
+    """A pool's ``node_type`` in the spelling a real Kapsule node's ``node.kubernetes.io/instance-type``
+    label has: the commercial type of the Instance API, upper case with dashes (``pro2_xxs`` and
+    ``PRO2_XXS`` -> ``PRO2-XXS``; ``pop2_hc_2c_4g`` -> ``POP2-HC-2C-4G``)."""
+    return node_type.strip().upper().replace("_", "-")
+
+
+def same_instance_type(first: str, second: str) -> bool:
+    """Whether two spellings name one node type (the pools API's ``dev1_m``, a node's ``DEV1-M``)."""
+    return instance_type(first) == instance_type(second)
 
 
 def parse_taints(raw: Mapping[str, str]) -> tuple[Taint, ...]:
@@ -94,7 +113,7 @@ def gpu_type(pool: Pool) -> str | None:
     if gpu_count(pool) == 0:
         return None
     # No label from the API: name the GPU type after the node type (e.g. "l4-1-24g").
-    return pool.node_type.lower() or "gpu"
+    return instance_type(pool.node_type).lower() or "gpu"
 
 
 def architecture(node_type: str) -> str:
@@ -109,7 +128,7 @@ def well_known_labels(pool: Pool, region: str) -> dict[str, str]:
         POOL_ID_LABEL: pool.id,
     }
     if pool.node_type:
-        labels["node.kubernetes.io/instance-type"] = pool.node_type
+        labels[INSTANCE_TYPE_LABEL] = instance_type(pool.node_type)
     if pool.zone:
         labels["topology.kubernetes.io/zone"] = pool.zone
     if pool.name:
@@ -127,8 +146,11 @@ def pool_template(pool: Pool, region: str, observed_labels: Mapping[str, str] | 
     labels = well_known_labels(pool, region)
     for source in (observed_labels or {}, pool.labels):
         labels.update({k: v for k, v in source.items() if k not in NODE_SPECIFIC_LABELS})
-    # The pool identity labels must name THIS pool even if observed labels came from elsewhere.
+    # The pool identity labels must name THIS pool even if observed labels came from elsewhere, and the
+    # instance type is the one the cloud-controller-manager puts on every node of it.
     labels[POOL_ID_LABEL] = pool.id
+    if pool.node_type:
+        labels[INSTANCE_TYPE_LABEL] = instance_type(pool.node_type)
     capacity = quantities(pool.capacity or pool.allocatable)
     allocatable = quantities(pool.allocatable or pool.capacity)
     return NodeTemplate(

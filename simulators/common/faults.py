@@ -30,6 +30,7 @@ class Fault:
     delay: float = 0.0  # seconds of real sleep before answering (or before dropping)
     drop: bool = False  # close the connection without any answer; the handler does not run
     malformed: bool = False  # answer 200 with a truncated, invalid JSON body
+    empty_body: bool = False  # send the answer's status and headers with no body (with ``apply``: a bare 2xx)
     content_type: str | None = None  # override the Content-Type of whatever is answered
     times: int | None = None  # how many matching requests it applies to; None = until cleared
     after: int = 0  # let this many matching requests through untouched first

@@ -50,6 +50,7 @@ class SimResponse:
     status: int = 200
     body: Any = None  # JSON-serialisable value, raw ``bytes``, or None for an empty body
     headers: dict[str, str] = field(default_factory=dict)
+    content_type: str | None = JSON_CONTENT_TYPE  # None: no Content-Type header at all
 
 
 class SimError(Exception):
@@ -65,6 +66,10 @@ class SimError(Exception):
 
 Handler = Callable[[SimRequest], SimResponse]
 ErrorBody = Callable[[int, str], Any]
+# A whole error answer (status, message, extra headers -> response), for clouds whose errors are not all
+# one JSON shape (Scaleway's rate limiter answers with no body at all).
+ErrorResponse = Callable[[int, str, dict[str, str]], SimResponse]
+# The headers of a rate-limited answer from (requests remaining, seconds until the next one is allowed).
 RateLimitHeaders = Callable[[int, float], dict[str, str]]
 
 
@@ -138,8 +143,13 @@ class JsonApiServer:
         on_advance: Callable[[float], Any] | None = None,
         state: Callable[[], Any] | None = None,
         rate_limit_headers: RateLimitHeaders | None = None,
+        error_response: ErrorResponse | None = None,
     ) -> None:
+        """``rate_limit_headers``: every header of a 429 from the rate limit (default: ``Retry-After``).
+        ``error_response``: builds every error answer the server makes itself (routing, faults, rate limit,
+        a handler's ``SimError`` without a body); default: ``error_body`` as JSON."""
         self.error_body: ErrorBody = error_body or default_error_body
+        self._error_response = error_response
         self.clock = clock
         self.faults = faults if faults is not None else FaultInjector()
         self.requests = requests if requests is not None else RequestLog()
@@ -225,14 +235,17 @@ class JsonApiServer:
         return None, {}, path_known
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> SimResponse:
+        if self._error_response is not None:
+            return self._error_response(status, message, dict(headers or {}))
         return SimResponse(status, self.error_body(status, message), dict(headers or {}))
 
     def _run_handler(self, route: _Route, request: SimRequest) -> SimResponse:
         try:
             return route.handler(request)
         except SimError as exc:
-            body = exc.body if exc.body is not None else self.error_body(exc.status, exc.message)
-            return SimResponse(exc.status, body, exc.headers)
+            if exc.body is None:
+                return self._error(exc.status, exc.message, exc.headers)
+            return SimResponse(exc.status, exc.body, exc.headers)
         except Exception as exc:  # a simulator bug must still produce a well-formed answer
             traceback.print_exc()
             return self._error(500, f"internal simulator error: {type(exc).__name__}: {exc}")
@@ -356,10 +369,12 @@ class _SimHandler(BaseHTTPRequestHandler):
         """Write the answer; ``record`` gets the final status BEFORE any byte is written, so a client
         that has its answer can rely on the request log already holding the request."""
         status = response.status
-        headers = {"Content-Type": JSON_CONTENT_TYPE}
+        headers = {"Content-Type": response.content_type} if response.content_type else {}
         headers.update(response.headers)
         payload = _encode(response.body)
         if fault is not None:
+            if fault.empty_body:
+                payload = b""
             if fault.malformed:
                 status = 200
                 # Cut the real answer short so it cannot parse; never leave it accidentally valid.
@@ -438,9 +453,10 @@ class _SimHandler(BaseHTTPRequestHandler):
         if sim._bucket is not None:
             allowed, remaining, wait = sim._bucket.take()
             if not allowed:
-                extra = {"Retry-After": _header_seconds(wait)}
                 if sim._rate_limit_headers is not None:
-                    extra.update(sim._rate_limit_headers(remaining, wait))
+                    extra = sim._rate_limit_headers(remaining, wait)
+                else:
+                    extra = {"Retry-After": _header_seconds(wait)}
                 self._send(sim._error(429, "too many requests, slow down", extra), fault, log)
                 return
 
@@ -463,10 +479,9 @@ class _SimHandler(BaseHTTPRequestHandler):
     def _fault_answer(self, fault: Fault) -> SimResponse:
         """The error answer a fault with a status injects: its own body, else the cloud's error shape."""
         assert fault.status is not None
-        body = fault.body
-        if body is None:
-            body = self.sim.error_body(fault.status, fault.message or f"injected fault ({fault.status})")
-        return SimResponse(fault.status, body)
+        if fault.body is None:
+            return self.sim._error(fault.status, fault.message or f"injected fault ({fault.status})")
+        return SimResponse(fault.status, fault.body)
 
     def _handle_control(
         self, method: str, path: str, query: dict[str, str], headers: dict[str, str], raw_body: bytes

@@ -1,12 +1,19 @@
 """The HTTP face of the simulated Kapsule: the four private autoscaler endpoints and Scaleway errors.
 
-Endpoints and shapes are those of docs/scaleway.md, "Endpoints used"; error bodies are Scaleway's
-(``{"message", "type", ...}``). Every answer is ``Content-Type: application/json`` exactly,
-because the upstream Go client rejects anything else.
+Endpoints and shapes are those of docs/scaleway.md, "Endpoints used"; errors follow what recorded traffic
+of the real API shows (docs/scaleway.md, "Evidence"): the services' typed bodies (``{"message", "type",
+...}``, ``resource`` named ``pool``, ``cluster``, ``node``), the gateway's bare ``{"message": ...}`` for
+server errors and unknown routes, and its rate limiter's 429 with no body, no content type and no
+``Retry-After``, only ``X-Envoy-Ratelimited: true``. ``Behaviour.error_shapes: typed`` brings back the
+earlier model (a typed JSON body for every error, and a 429 with ``Retry-After`` and ``X-Ratelimit-*``).
+Every JSON answer is ``Content-Type: application/json`` exactly, because the upstream Go client rejects
+anything else.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from simulators.common.http import JsonApiServer, SimError, SimRequest, SimResponse
@@ -42,14 +49,45 @@ _TYPE_BY_STATUS = {
 }
 
 
+# Statuses the API gateway answers itself, in front of the services: recorded with a bare message body.
+GATEWAY_STATUSES = frozenset({404, 500, 502, 503, 504})
+# The one header recorded on the gateway's rate-limited answers (no Retry-After, no X-Ratelimit-*).
+GATEWAY_RATE_LIMIT_HEADERS = {"X-Envoy-Ratelimited": "true"}
+
+
 def error_body(status: int, message: str) -> dict[str, Any]:
-    """A Scaleway-style error body for a bare status (faults, routing errors, rate limit)."""
+    """A typed Scaleway error body for a bare status (the ``typed`` error shapes, and 401/403/4xx always)."""
     if status == 401:
         return authentication_denied()
     body: dict[str, Any] = {"message": message, "type": _TYPE_BY_STATUS.get(status, "unknown_error")}
     if status == 403:
         body["details"] = [{"resource": "k8s", "action": "write"}]
     return body
+
+
+def error_responder(shapes: Callable[[], str]) -> Callable[[int, str, dict[str, str]], SimResponse]:
+    """Every error answer the server makes itself (routing, faults, rate limit), in the shapes ``shapes()``
+    names: ``recorded`` (what the real gateway sends) or ``typed`` (a typed JSON body for everything)."""
+
+    def respond(status: int, message: str, headers: dict[str, str]) -> SimResponse:
+        if shapes() == "typed":
+            return SimResponse(status, error_body(status, message), headers)
+        if status == 429:
+            return SimResponse(429, None, headers, content_type=None)
+        if status in GATEWAY_STATUSES:
+            return SimResponse(status, {"message": message}, headers)
+        return SimResponse(status, error_body(status, message), headers)
+
+    return respond
+
+
+def rate_limit_headers_for(shapes: Callable[[], str]) -> Callable[[int, float], dict[str, str]]:
+    def headers(remaining: int, reset_in: float) -> dict[str, str]:
+        if shapes() == "typed":
+            return {"Retry-After": str(max(0, math.ceil(reset_in))), **rate_limit_headers(remaining, reset_in)}
+        return dict(GATEWAY_RATE_LIMIT_HEADERS)
+
+    return headers
 
 
 def authentication_denied(reason: str = "invalid_argument") -> dict[str, Any]:

@@ -55,6 +55,7 @@ NODE_TYPES: dict[str, NodeType] = {
         NodeType("DEV1-L", 4, 8 * GIB, 80 * GIB, 0.042),
         NodeType("GP1-XS", 4, 16 * GIB, 150 * GIB, 0.091),
         NodeType("GP1-S", 8, 32 * GIB, 300 * GIB, 0.187),
+        NodeType("PRO2-XXS", 2, 8 * GIB, 100 * GIB, 0.055),
         NodeType("PRO2-XS", 4, 16 * GIB, 100 * GIB, 0.11),
         NodeType("PRO2-S", 8, 32 * GIB, 100 * GIB, 0.22),
         NodeType("PRO2-M", 16, 64 * GIB, 100 * GIB, 0.44),
@@ -68,10 +69,80 @@ NODE_TYPES: dict[str, NodeType] = {
 }
 
 
+def api_node_type(name: str) -> str:
+    """A node type as the pools API answers it: lower case with underscores, whatever spelling was sent
+    (recorded: ``DEV1-M`` and ``PRO2_XXS`` come back as ``dev1_m`` and ``pro2_xxs``)."""
+    return name.strip().lower().replace("-", "_")
+
+
+def commercial_type(name: str) -> str:
+    """A node type as the Instance API names the machine (``commercial_type``), and so as Scaleway's
+    cloud-controller-manager labels the node: upper case with dashes (``pro2_xxs`` -> ``PRO2-XXS``)."""
+    return name.strip().upper().replace("_", "-")
+
+
+def kubernetes_labels(
+    *,
+    node_type: str,
+    node_name: str,
+    node_id: str,
+    pool_id: str,
+    pool_name: str,
+    cluster_id: str,
+    region: str,
+    zone: str,
+    pool_labels: dict[str, str],
+) -> dict[str, str]:
+    """The labels of a real Kapsule node's Kubernetes Node, from who puts them there:
+
+    - the pool's own ``labels`` (Kapsule hands them to the kubelet);
+    - the kubelet: hostname, os and arch (and their ``beta.`` twins);
+    - Scaleway's cloud-controller-manager: the instance type (the machine's commercial type, in the
+      stable and ``beta.`` keys), region and zone (stable and ``failure-domain.beta.`` keys), and one
+      ``k8s.scaleway.com/<key>`` label per ``<key>=<value>`` tag of the server; Kapsule tags its servers
+      ``kapsule`` (cluster id), ``pool`` (pool id), ``pool-name``, ``runtime``, ``managed`` and ``node``
+      (Kapsule node id), as a recorded server of a Kapsule pool shows;
+    - the GPU label the CA's Scaleway provider names, on GPU types (its value is our pick: not public).
+    """
+    entry = lookup(node_type)
+    arch = (
+        entry.arch
+        if entry is not None
+        else ("arm64" if commercial_type(node_type).startswith(("COPARM1", "AMP2")) else "amd64")
+    )
+    instance = commercial_type(node_type)
+    labels = dict(pool_labels)
+    labels.update(
+        {
+            "kubernetes.io/hostname": node_name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": arch,
+            "beta.kubernetes.io/os": "linux",
+            "beta.kubernetes.io/arch": arch,
+            "node.kubernetes.io/instance-type": instance,
+            "beta.kubernetes.io/instance-type": instance,
+            "topology.kubernetes.io/region": region,
+            "topology.kubernetes.io/zone": zone,
+            "failure-domain.beta.kubernetes.io/region": region,
+            "failure-domain.beta.kubernetes.io/zone": zone,
+            "k8s.scaleway.com/kapsule": cluster_id,
+            POOL_LABEL: pool_id,
+            "k8s.scaleway.com/pool-name": pool_name,
+            "k8s.scaleway.com/runtime": "containerd",
+            "k8s.scaleway.com/managed": "true",
+            "k8s.scaleway.com/node": node_id,
+        }
+    )
+    if entry is not None and entry.gpus:
+        labels[GPU_LABEL] = entry.gpu_model
+    return labels
+
+
 def default_labels(
     node_type: NodeType | None, *, pool_id: str, pool_name: str, cluster_id: str, region: str, zone: str
 ) -> dict[str, str]:
-    """Well-known labels Kapsule puts on a pool's nodes (our pick: the real set is not published)."""
+    """Well-known node labels a pool's ``labels`` carry with ``default_labels: true`` (our earlier model,
+    close to the CA provider's own test data; recorded pools carry only what their owner set)."""
     labels = {
         POOL_LABEL: pool_id,
         "k8s.scaleway.com/pool-name": pool_name,
@@ -89,4 +160,5 @@ def default_labels(
 
 
 def lookup(name: str) -> NodeType | None:
-    return NODE_TYPES.get(name) or NODE_TYPES.get(name.upper().replace("_", "-"))
+    """The catalog entry of a node type in any spelling (``DEV1-M``, ``dev1_m``)."""
+    return NODE_TYPES.get(name) or NODE_TYPES.get(commercial_type(name))

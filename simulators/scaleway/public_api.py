@@ -144,7 +144,7 @@ class ScalewayPublicApi:
             with self.state.lock:
                 pool = self.state.pool_in(region, request.params["pool_id"])
                 if changes and pool.status in HELD_POOL_STATUSES:
-                    raise TransientState("k8s_pool", pool.id, pool.status)
+                    raise TransientState("pool", pool.id, pool.status)
                 bounds = {k: v for k, v in changes.items() if k in ("min_size", "max_size", "autoscaling")}
                 if bounds:
                     low = bounds.get("min_size", pool.min_size)

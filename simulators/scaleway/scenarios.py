@@ -3,15 +3,18 @@
 ```yaml
 region: fr-par            # default region of clusters that do not name one
 seed: 7                   # ids generated from this seed are reproducible
-timings: {creating: 30, starting: 30, registering: 20, not_ready: 0, deleting: 30, deleted_kept: 0}
-behaviour: {cache_max_age: 30, enforce_size_bounds: true, repeated_delete: idempotent}
+timings: {creating: 30, starting: 30, registering: 20, not_ready: 0, deleting: 30, deleted_kept: 0,
+          scale_down_settle: 1}
+behaviour: {enforce_size_bounds: true, repeated_delete: idempotent}  # every knob: state.Behaviour
+# the defaults follow the real API's public evidence; a scenario names an earlier model explicitly, e.g.
+# {cache_max_age: 30, error_shapes: typed, provider_id_at_creation: true, node_type_spelling: as_given}
 clusters:
   - id: 6f1c...           # optional, generated when absent
     name: demo
     pools:
       - {name: general, node_type: DEV1-M, size: 2, min_size: 1, max_size: 5, autoscaling: true,
          taints: {dedicated: "infra:NoSchedule"}, labels: {team: a},
-         default_labels: true,  # false: the pool's labels are `labels` alone, without the well-known ones
+         default_labels: false,  # true: the well-known node labels under `labels` (recorded pools: `labels` alone)
          nodes: 2}         # a count of ready nodes, a list of {status, id, provider_id, name}, or absent (= size)
 ```
 """

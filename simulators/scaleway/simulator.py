@@ -9,7 +9,7 @@ from simulators.common.clock import Clock, ManualClock
 from simulators.common.faults import Fault, FaultInjector
 from simulators.common.http import JsonApiServer, SimError, SimRequest, SimResponse
 from simulators.common.request_log import RequestLog
-from simulators.scaleway.api import ScalewayApi, error_body, rate_limit_headers
+from simulators.scaleway.api import ScalewayApi, error_body, error_responder, rate_limit_headers_for
 from simulators.scaleway.public_api import ScalewayPublicApi
 from simulators.scaleway.scenarios import build_state
 from simulators.scaleway.state import Behaviour, Node, Pool, ScalewaySimError, ScalewayState, ScenarioError
@@ -35,11 +35,15 @@ class ScalewaySimulator:
             clock=self.clock,
             on_advance=self.advance,
             state=self.state.snapshot,
-            rate_limit_headers=rate_limit_headers,
+            rate_limit_headers=rate_limit_headers_for(self._error_shapes),
+            error_response=error_responder(self._error_shapes),
         )
         self.api.register(self.server)
         ScalewayPublicApi(self.state, self.api).register(self.server)
         self._register_control_routes()
+
+    def _error_shapes(self) -> str:
+        return self.state.behaviour.error_shapes
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

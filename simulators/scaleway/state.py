@@ -22,8 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from simulators.common.clock import Clock
+from simulators.scaleway.catalog import api_node_type, lookup
 from simulators.scaleway.catalog import default_labels as well_known_labels
-from simulators.scaleway.catalog import lookup
+from simulators.scaleway.catalog import kubernetes_labels as node_kubernetes_labels
 
 POOL_STATUSES = ("ready", "deleting", "deleted", "scaling", "warning", "locked", "upgrading", "unknown")
 NODE_STATUSES = (
@@ -45,6 +46,9 @@ HELD_POOL_STATUSES = frozenset({"locked", "upgrading"})
 GONE_NODE_STATUSES = frozenset({"deleting", "deleted"})
 REGISTERED_NODE_STATUSES = frozenset({"not_ready", "ready", "rebooting", "upgrading", "locked", "deleting"})
 SCALE_UP_FAILURE_MODES = ("creation_error", "quota", "out_of_stock")
+ERROR_SHAPES = ("recorded", "typed")
+TRANSIENT_POOL_WRITES = ("conflict", "accept")
+NODE_TYPE_SPELLINGS = ("api", "as_given")
 
 
 # -- errors (the API layer maps each to the matching Scaleway error body) ---------------------------
@@ -117,27 +121,48 @@ class Timings:
     not_ready: float = 0.0  # > 0: registering -> not_ready -> ready, else registering -> ready
     deleting: float = 30.0
     deleted_kept: float = 0.0  # > 0: deleting -> deleted (still listed) for this long, then removed
+    scale_down_settle: float = 1.0  # after a size decrease or a node DELETE the pool reads "scaling" this long
 
 
 @dataclass(frozen=True)
 class Behaviour:
-    """Knobs for what the real API does not tell (docs/scaleway.md, "The simulator")."""
+    """How the simulated API answers. The defaults follow the public evidence of the real one
+    (docs/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
 
-    cache_max_age: int | None = 30  # Cache-Control max-age on list answers; None sends no header
+    # Cache-Control max-age on list answers; None (the default, as recorded) sends no header.
+    cache_max_age: int | None = None
     default_page_size: int = 100
     max_page_size: int = 100  # larger page_size -> 400 invalid_arguments
     null_empty_pages: bool = False  # answer an empty page with "pools": null / "nodes": null
     enforce_size_bounds: bool = True  # PATCH size outside [min_size, max_size] -> 400
     repeated_delete: str = "idempotent"  # "idempotent" (200) or "conflict" (409) on a deleting node
-    provider_id_at_creation: bool = True  # False: provider_id stays "" until the node is starting
+    # False (as recorded): a node being created is listed with provider_id "" until it is starting.
+    provider_id_at_creation: bool = False
     warning_on_creation_error: bool = True  # pool status "warning" while a counted node is creation_error
     node_quota: int | None = None  # max nodes (not deleting) per cluster; beyond it a scale-up -> 403
+    # "recorded": the gateway's bare 429 and {"message"} bodies; "typed": a typed JSON body for every error.
+    error_shapes: str = "recorded"
+    # A size PATCH or node DELETE on a locked/upgrading pool: "conflict" (409 transient_state) or "accept".
+    transient_pool_writes: str = "conflict"
+    # "api" (as recorded): a pool's node_type as the pools API answers it, lower case with underscores
+    # ("pro2_xxs"), whatever spelling the scenario used; "as_given": the scenario's spelling.
+    node_type_spelling: str = "api"
+    # True: a pool reads "scaling" until its removed nodes are gone (our earlier model); False (as recorded):
+    # "ready" once Timings.scale_down_settle has passed, while the removed nodes are still "deleting".
+    pool_scaling_while_deleting: bool = False
 
     def __post_init__(self) -> None:
         if self.repeated_delete not in ("idempotent", "conflict"):
             raise ValueError(f"repeated_delete must be 'idempotent' or 'conflict', not {self.repeated_delete!r}")
         if not 1 <= self.default_page_size <= self.max_page_size:
             raise ValueError("default_page_size must be between 1 and max_page_size")
+        for name, allowed in (
+            ("error_shapes", ERROR_SHAPES),
+            ("transient_pool_writes", TRANSIENT_POOL_WRITES),
+            ("node_type_spelling", NODE_TYPE_SPELLINGS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
 
 
 def _dataclass_from(cls: type, data: Any, where: str) -> Any:
@@ -222,6 +247,7 @@ class Pool:
     updated_at: float
     nodes: dict[str, Node] = field(default_factory=dict)  # insertion ordered
     pending_failures: deque[tuple[str, int | None]] = field(default_factory=deque)
+    settle_until: float | None = None  # after a size decrease: reads "scaling" until then
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -305,6 +331,7 @@ class ScalewayState:
         self._events: list[tuple[float, int, str, int]] = []
         self._event_sequence = 0
         self._node_sequence = 0
+        self._settling: dict[str, Pool] = {}  # pools reading "scaling" until their settle_until
 
     # -- ids -----------------------------------------------------------------------------------
 
@@ -343,12 +370,14 @@ class ScalewayState:
         labels: dict[str, str] | None = None,
         taints: dict[str, str] | None = None,
         nodes: int | list[dict[str, Any]] | None = None,
-        default_labels: bool = True,
+        default_labels: bool = False,
     ) -> Pool:
         """Add a pool; ``nodes`` is a count of ready nodes, a list of node specs, or None for ``size`` ready.
 
-        ``default_labels``: the pool's ``labels`` are the well-known ones (``catalog.default_labels``) with
-        ``labels`` over them; False serves ``labels`` alone (which of the two Kapsule does is not known).
+        ``default_labels``: False (as recorded: a pool's ``labels`` are what its owner set, ``{}`` when
+        nothing) serves ``labels`` alone; True adds the well-known node labels under them
+        (``catalog.default_labels``, our earlier model, close to the CA provider's own test data).
+        ``node_type`` is stored as the pools API spells it (``Behaviour.node_type_spelling``).
         """
         with self.lock:
             cluster = self._cluster(cluster_id)
@@ -398,7 +427,7 @@ class ScalewayState:
                 name=name,
                 status=status or "ready",
                 version=version,
-                node_type=node_type,
+                node_type=api_node_type(node_type) if self.behaviour.node_type_spelling == "api" else node_type,
                 autoscaling=autoscaling,
                 size=size,
                 min_size=min_size,
@@ -496,19 +525,19 @@ class ScalewayState:
     def _cluster(self, cluster_id: str, region: str | None = None) -> Cluster:
         cluster = self.clusters.get(cluster_id)
         if cluster is None or (region is not None and cluster.region != region):
-            raise NotFound("k8s_cluster", cluster_id)
+            raise NotFound("cluster", cluster_id)
         return cluster
 
     def _pool(self, pool_id: str, region: str | None = None) -> Pool:
         pool = self.pools.get(pool_id)
         if pool is None or (region is not None and self.clusters[pool.cluster_id].region != region):
-            raise NotFound("k8s_pool", pool_id)
+            raise NotFound("pool", pool_id)
         return pool
 
     def _node(self, node_id: str, region: str | None = None) -> Node:
         node = self.nodes.get(node_id)
         if node is None or (region is not None and self.clusters[node.cluster_id].region != region):
-            raise NotFound("k8s_node", node_id)
+            raise NotFound("node", node_id)
         return node
 
     def known_region(self, region: str) -> bool:
@@ -561,8 +590,7 @@ class ScalewayState:
         with self.lock:
             self.run_due()
             pool = self._pool(pool_id, region)
-            if pool.status in HELD_POOL_STATUSES:
-                raise TransientState("k8s_pool", pool.id, pool.status)
+            self._check_held(pool)
             if size < 0:
                 raise InvalidArguments(ArgumentProblem("size", "constraint", "size must be greater or equal to 0"))
             if self.behaviour.enforce_size_bounds and not pool.min_size <= size <= pool.max_size:
@@ -585,12 +613,18 @@ class ScalewayState:
                     if mode == "out_of_stock":
                         raise OutOfStock(pool.node_type)
             changed = size != pool.size
+            smaller = size < pool.size
             pool.size = size
             if changed:
                 pool.updated_at = self.clock.now()
+                if smaller:
+                    self._settle(pool)
                 self._reconcile(pool, failure)
             self._refresh_pool_status(pool)
-            return pool.to_api()
+            answer = pool.to_api()
+            if changed and answer["status"] == "ready":
+                answer["status"] = "scaling"  # recorded: the PATCH answer says scaling whenever the size changed
+            return answer
 
     def delete_node(self, region: str, node_id: str) -> dict[str, Any]:
         with self.lock:
@@ -599,19 +633,31 @@ class ScalewayState:
             pool = self.pools[node.pool_id]
             if node.status in GONE_NODE_STATUSES:
                 if self.behaviour.repeated_delete == "conflict":
-                    raise TransientState("k8s_node", node.id, node.status)
+                    raise TransientState("node", node.id, node.status)
                 return node.to_api()
-            if pool.status in HELD_POOL_STATUSES:
-                raise TransientState("k8s_pool", pool.id, pool.status)
+            self._check_held(pool)
             now = self.clock.now()
             self._set_status(node, "deleting", now)
             # Public-API docs and upstream's local pool.Size-- agree: deleting a node shrinks its pool.
             pool.size = max(0, pool.size - 1)
             pool.updated_at = now
+            self._settle(pool)
             self._refresh_pool_status(pool)
             return node.to_api()
 
     # -- scaling ---------------------------------------------------------------------------------------
+
+    def _check_held(self, pool: Pool) -> None:
+        """A write on a locked or upgrading pool: refused (409) unless the scenario says Kapsule accepts it."""
+        if pool.status in HELD_POOL_STATUSES and self.behaviour.transient_pool_writes == "conflict":
+            raise TransientState("pool", pool.id, pool.status)
+
+    def _settle(self, pool: Pool) -> None:
+        """Recorded: a pool whose size went down reads "scaling" briefly, then "ready" while the removed
+        nodes are still "deleting"."""
+        if not self.behaviour.pool_scaling_while_deleting:
+            pool.settle_until = self.clock.now() + self.timings.scale_down_settle
+            self._settling[pool.id] = pool
 
     def _active_nodes_in_cluster(self, cluster_id: str) -> int:
         return sum(1 for n in self.clusters[cluster_id].nodes.values() if n.status not in GONE_NODE_STATUSES)
@@ -711,6 +757,12 @@ class ScalewayState:
                 if following == "creation_error":
                     node.error_message = node.fails_with
                 self._set_status(node, following, due)
+            for pool_id, pool in list(self._settling.items()):
+                if pool.settle_until is None or pool.settle_until <= now:
+                    pool.settle_until = None
+                    del self._settling[pool_id]
+                    if pool_id in self.pools:
+                        touched[pool_id] = pool
             for pool in touched.values():
                 self._refresh_pool_status(pool)
             return applied
@@ -719,10 +771,16 @@ class ScalewayState:
         if pool.status in HELD_POOL_STATUSES:
             return
         active = [n for n in pool.nodes.values() if n.status not in GONE_NODE_STATUSES]
+        # Which nodes keep the pool "scaling": booting ones; draining ones only in our earlier model.
+        working = pool.nodes.values() if self.behaviour.pool_scaling_while_deleting else active
         if self.behaviour.warning_on_creation_error and any(n.status == "creation_error" for n in active):
             status = "warning"
-        elif len(active) != pool.size or any(n.due is not None for n in pool.nodes.values()):
-            status = "scaling"  # work is in flight: nodes booting or draining, or size not reached
+        elif (
+            len(active) != pool.size
+            or any(n.due is not None for n in working)
+            or (pool.settle_until is not None and self.clock.now() < pool.settle_until)
+        ):
+            status = "scaling"  # work is in flight: nodes booting (or draining), or size not reached
         else:
             status = "ready"
         if status != pool.status:
@@ -835,8 +893,7 @@ class ScalewayState:
             for node in self._cluster(cluster_id).node_list():
                 if registered_only and node.status not in REGISTERED_NODE_STATUSES:
                     continue
-                labels = dict(self.pools[node.pool_id].labels)
-                labels["kubernetes.io/hostname"] = node.name
+                labels = self.kubernetes_labels(node)
                 refs.append(
                     {
                         "provider_id": node.provider_id,
@@ -849,6 +906,23 @@ class ScalewayState:
                     }
                 )
             return refs
+
+    def kubernetes_labels(self, node: Node) -> dict[str, str]:
+        """The labels of the Kubernetes Node of ``node`` as a real Kapsule node has them
+        (``catalog.kubernetes_labels``)."""
+        with self.lock:
+            pool = self.pools[node.pool_id]
+            return node_kubernetes_labels(
+                node_type=pool.node_type,
+                node_name=node.name,
+                node_id=node.id,
+                pool_id=pool.id,
+                pool_name=pool.name,
+                cluster_id=pool.cluster_id,
+                region=self.clusters[pool.cluster_id].region,
+                zone=pool.zone,
+                pool_labels=pool.labels,
+            )
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:

@@ -26,6 +26,13 @@ BENCH_REGION = "fr-par"
 EMPTY_POOL_EVERY = 10  # every 10th pool starts at size 0 (scale-from-zero candidates)
 UNMANAGED_SHARE = 0.05  # nodes in a pool with autoscaling off (a fixed "system" pool)
 UNMANAGED_POOL = "system-fixed"
+# The real Kapsule API sends no Cache-Control on its lists (docs/scaleway.md, "Evidence"), and the simulator
+# follows it by default. Without one, the upstream provider re-lists every 60 s and ours every 30 s (its
+# default sync interval), so the two would not read the cloud on the same cadence. The benchmark names the
+# earlier simulator's 30 s max-age, which both servers follow, so each re-lists at the same loop and their
+# figures stay comparable with each other and with earlier runs (docs/performance.md, "Cloud requests and
+# freshness").
+BENCH_MAX_AGE_SECONDS = 30
 
 # Annotations a kubelet-registered node typically carries; the CA sends all of them in every
 # NodeGroupForNode request, so they are part of the request size both servers must decode.
@@ -77,6 +84,7 @@ def bench_scenario(pools: int, nodes: int, seed: int = 0) -> dict[str, Any]:
             }
         )
     scenario["secret_key"] = BENCH_SECRET_KEY
+    scenario["behaviour"] = {"cache_max_age": BENCH_MAX_AGE_SECONDS}
     return scenario
 
 
@@ -114,9 +122,7 @@ def node_list(cluster: BenchCluster) -> list[dict[str, Any]]:
     with state.lock:
         result = []
         for node in state.nodes.values():
-            pool = state.pools[node.pool_id]
-            labels = dict(pool.labels)
-            labels["kubernetes.io/hostname"] = node.name
+            labels = state.kubernetes_labels(node)
             result.append(
                 {"providerID": node.provider_id, "name": node.name, "labels": labels, "annotations": NODE_ANNOTATIONS}
             )

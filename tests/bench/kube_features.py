@@ -124,15 +124,7 @@ def machines_of(sim: ScalewaySimulator) -> list[Machine]:
     with state.lock:
         for index, node in enumerate(state.nodes.values()):
             pool = state.pools[node.pool_id]
-            labels = {
-                "k8s.scaleway.com/pool": pool.id,
-                "k8s.scaleway.com/pool-name": pool.name,
-                "k8s.scaleway.com/kapsule": sim.cluster_id,
-                "node.kubernetes.io/instance-type": pool.node_type,
-                "topology.kubernetes.io/region": BENCH_REGION,
-                "topology.kubernetes.io/zone": pool.zone,
-                **pool.labels,
-            }
+            labels = state.kubernetes_labels(node)
             memory_kib = pool.capacity.get("memory", 4 * 1024**3) // 1024
             capacity = {
                 "cpu": str(pool.capacity.get("cpu", 2)),

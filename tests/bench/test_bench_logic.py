@@ -10,7 +10,7 @@ from simulators.common.request_log import RecordedRequest
 from tests.bench import report, run
 from tests.bench.cluster import UNMANAGED_POOL, bench_scenario
 
-OURS_AGENT = "ca-externalgrpc-server/0.1.0 cluster-id/c"
+OURS_AGENT = "ca-externalgrpc-server/0.2.0 cluster-id/c"
 UPSTREAM_AGENT = "user-agent/1.36.1 cluster-id/c"
 
 

@@ -21,11 +21,13 @@ import yaml
 from devstack.certs import Pki
 from devstack.clouds import bizfly_backend, scaleway_backend
 from devstack.harness import InProcessServer, ServerProcess, server_config
+from providers.scaleway.adapter import SYNTHETIC_ID_PREFIX as SCW_SYNTHETIC_ID_PREFIX
 from simulators.bizfly import BizflySimulator
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
 from simulators.scaleway.catalog import GPU_LABEL as SCALEWAY_GPU_LABEL
-from simulators.scaleway.catalog import NODE_TYPES as SCALEWAY_NODE_TYPES
+from simulators.scaleway.catalog import commercial_type as scaleway_commercial_type
+from simulators.scaleway.catalog import lookup as scaleway_node_type
 
 # ---------------------------------------------------------------------------------------------
 # The situations the lab sets up. Names are for humans; ids come from the simulators.
@@ -162,6 +164,15 @@ SCW_STATES = {
     "deleting": "deleting",
 }
 BIZFLY_STATES = {"ACTIVE": "running", "PROVISIONING": "creating", "DELETING": "deleting"}
+
+
+def _scaleway_gpus(pool: Any) -> int:
+    entry = scaleway_node_type(pool.node_type)
+    return entry.gpus if entry is not None else 0
+
+
+def _scaleway_gpu_type(pool: Any) -> str:
+    return str(pool.labels.get(SCALEWAY_GPU_LABEL) or scaleway_commercial_type(pool.node_type).lower())
 
 
 class LabError(RuntimeError):
@@ -320,11 +331,7 @@ class Lab:
             "unmanaged_provider_id": f"scaleway://instance/fr-par-1/{uuid.uuid4()}",
             "gpu_label": SCALEWAY_GPU_LABEL,
             "gpu_types": sorted(
-                {
-                    SCALEWAY_NODE_TYPES[p.node_type].gpu_model
-                    for p in self._scw_pools().values()
-                    if p.autoscaling and SCALEWAY_NODE_TYPES[p.node_type].gpus
-                }
+                {_scaleway_gpu_type(p) for p in self._scw_pools().values() if p.autoscaling and _scaleway_gpus(p)}
             ),
             "mutate": mutate,
         }
@@ -337,10 +344,13 @@ class Lab:
             nodes = self.scaleway.nodes_of(pool.id)
             instances = []
             for node in nodes:
+                # A machine Kapsule is still creating has no providerID yet (as recorded): ours lists it by
+                # its Kapsule node id (docs/scaleway.md, "Instances").
+                instance_id = node.provider_id or SCW_SYNTHETIC_ID_PREFIX + node.id
                 if node.status == "creation_error":
-                    instances.append({"id": node.provider_id, "state": "creating", "error_code": "*"})
+                    instances.append({"id": instance_id, "state": "creating", "error_code": "*"})
                 elif node.status in SCW_STATES:
-                    instances.append({"id": node.provider_id, "state": SCW_STATES[node.status]})
+                    instances.append({"id": instance_id, "state": SCW_STATES[node.status]})
             ready = [n for n in nodes if n.status == "ready"]
             managed = (
                 {
@@ -351,9 +361,12 @@ class Lab:
                 if ready
                 else None
             )
+            # The pool's labels, and the instance type as real nodes carry it (the pools API says "dev1_m",
+            # a node "DEV1-M"); on GPU pools the GPU label: the pool's, else the node type in lower case.
             labels = dict(pool.labels)
-            if SCALEWAY_NODE_TYPES[pool.node_type].gpus:
-                labels[SCALEWAY_GPU_LABEL] = SCALEWAY_NODE_TYPES[pool.node_type].gpu_model
+            labels["node.kubernetes.io/instance-type"] = scaleway_commercial_type(pool.node_type)
+            if _scaleway_gpus(pool):
+                labels[SCALEWAY_GPU_LABEL] = _scaleway_gpu_type(pool)
             taints = _taint_map_to_list(pool.taints)
             allocatable = {k: str(v) for k, v in pool.allocatable.items()}
             cfg = SCALEWAY_GROUP_CONFIG.get(name, {})

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from packaging.specifiers import SpecifierSet
 
 from tests.deploy.rendering import DEPLOY, REPO, container, one, render
 
@@ -118,7 +117,7 @@ def test_final_stage_gets_no_rust_toolchain(instructions: list[Instruction]) -> 
     final = stages(instructions)[-1]
     assert not base_image(instructions, final).startswith("rust:"), "the final stage is built on the Rust image"
     copies = [i.argument for i in final if i.keyword == "COPY"]
-    assert copies and all(c.startswith("--from=builder ") for c in copies), copies
+    assert copies and all(c.startswith(("--from=builder ", "--from=sbom ")) for c in copies), copies
     assert not re.search(r"\b(cargo|rustc|rustup|maturin)\b", runs(final))
     # Nor does the builder, whose virtualenv the final stage copies, install maturin or Rust into it.
     builder = stage_named(instructions, "builder")
@@ -179,13 +178,54 @@ def test_native_engine_is_built_by_maturin_in_a_rust_stage_from_the_lock_file(
     assert sources.index("native/Cargo.lock") < sources.index("native/src")
 
 
-def test_maturin_is_pinned_within_the_range_make_install_uses(instructions: list[Instruction]) -> None:
-    version = arg_defaults(instructions).get("MATURIN_VERSION")
-    assert version, "no ARG MATURIN_VERSION=<version> default"
-    assert "maturin==${MATURIN_VERSION}" in runs(stage_named(instructions, "native-rust"))
-    dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["dev"]
-    (spec,) = [d.removeprefix("maturin") for d in dev if re.match(r"^maturin\b", d)]
-    assert version in SpecifierSet(spec), f"maturin {version} is outside pyproject.toml's {spec!r}"
+def test_every_python_package_the_build_installs_is_a_file_of_the_lock_with_its_hash_checked(
+    instructions: list[Instruction],
+) -> None:
+    """Tools (maturin, setuptools, the SBOM's) and the server's dependencies alike: pip downloads them
+    only as the exact files of requirements/*.txt (--require-hashes, binary wheels only), and installs
+    only from local files (--no-index). No package is named with a version of its own in the Dockerfile."""
+    text = runs([i for i in instructions if i.keyword == "RUN"])
+    downloads = re.findall(r"pip download [^&;]*", text)
+    assert downloads
+    for download in downloads:
+        assert "--require-hashes" in download and "--only-binary=:all:" in download, download
+        assert re.search(r"-r (/?requirements/\w+\.txt|/requirements/\w+\.txt)", download), download
+    for install in re.findall(r"pip (?:--python \S+ )?install [^&;]*", text):
+        assert "--no-index" in install, install
+        if "-r " in install:
+            assert "--require-hashes" in install, install
+    assert not re.search(r"pip (?:install|download) [^&;]*\b[\w-]+==", text)
+    # maturin comes from the lock's build group, where make install's maturin comes from too.
+    group = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]["build"]
+    assert any(re.match(r"^maturin\b", d) for d in group)
+    assert "requirements/build.txt" in runs(stage_named(instructions, "native-rust"))
+
+
+def test_a_lock_behind_pyproject_stops_the_build_with_one_line_saying_run_make_lock(
+    instructions: list[Instruction],
+) -> None:
+    builder = runs(stage_named(instructions, "builder"))
+    check = re.search(r"pip --python /opt/ca-externalgrpc/bin/python check .*?\}; \}", builder)
+    assert check, "the builder does not run pip check on the server's virtualenv"
+    assert "run make lock" in check.group(0) and check.group(0).count("echo ") == 1
+
+
+def test_the_image_is_labelled_with_its_version_revision_and_source(instructions: list[Instruction]) -> None:
+    final = stages(instructions)[-1]
+    label = " ".join(i.argument for i in final if i.keyword == "LABEL")
+    for key, arg in (("version", "VERSION"), ("revision", "REVISION"), ("source", "SOURCE")):
+        assert f'org.opencontainers.image.{key}="${{{arg}}}"' in label, key
+        assert any(i.keyword == "ARG" and i.argument == arg for i in final), f"ARG {arg} is not in the final stage"
+        assert arg_defaults(instructions)[arg] == "unknown"
+
+
+def test_the_image_carries_its_bill_of_materials_from_the_sbom_stage(instructions: list[Instruction]) -> None:
+    from tests.support.imagebuild import SBOM_IN_IMAGE
+
+    final = stages(instructions)[-1]
+    assert any(i.keyword == "COPY" and i.argument.endswith(f" {SBOM_IN_IMAGE}") for i in final)
+    sbom = runs(stage_named(instructions, "sbom"))
+    assert "cyclonedx-py environment" in sbom and "deploy/sbom.py" in sbom and "--dpkg-status" in sbom
 
 
 def test_rust_image_is_the_python_images_debian_release(instructions: list[Instruction]) -> None:
@@ -279,7 +319,8 @@ def test_build_context_excludes_everything_but_the_package_sources(instructions:
         if ins.keyword == "COPY" and not ins.argument.startswith("--from="):
             *sources, _ = ins.argument.split()
             copied |= {s.rstrip("/") for s in sources}
-    assert copied <= allowed, f"COPY of paths the context does not contain: {sorted(copied - allowed)}"
+    outside = {c for c in copied if not any(c == a or c.startswith(f"{a}/") for a in allowed)}
+    assert not outside, f"COPY of paths the context does not contain: {sorted(outside)}"
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert {p.rstrip("*") for p in packages["include"]} <= copied
     assert not {".venv", "tests", ".git", "native", "native/target", "dist"} & allowed

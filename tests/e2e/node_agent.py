@@ -6,7 +6,9 @@ is Ready) and a cloud controller / pod garbage collector (they remove the Node a
 machine is gone). Here one thread does all of that from the simulators' state:
 
 - a machine that has joined the cluster gets a Node with ``spec.providerID`` as the cloud reports it,
-  the labels and taints its pool gives its nodes, and capacity/allocatable of its machine type;
+  the labels a real node of its cloud carries (its pool's, the kubelet's and the cloud controller's:
+  a Kapsule node's instance type is its commercial type, ``PRO2-XXS``), the taints its pool gives its
+  nodes, and capacity/allocatable of its machine type;
 - the Node turns Ready when the machine runs, and then loses the ``not-ready`` taint the API server
   put on it at registration;
 - a Node whose machine has disappeared is deleted, with the pods bound to it;
@@ -32,6 +34,8 @@ from typing import Any, TypeVar
 
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
+
+from simulators.scaleway.catalog import kubernetes_labels as scaleway_kubernetes_labels
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,12 +84,24 @@ def scaleway_taints(taints: dict[str, str]) -> list[dict[str, str]]:
 
 def scaleway_machines(state: dict[str, Any]) -> list[Machine]:
     pools = {pool["id"]: pool for pool in state.get("pools", [])}
+    regions = {cluster["id"]: cluster["region"] for cluster in state.get("clusters", [])}
     machines = []
     for node in state.get("nodes", []):
         pool = pools.get(node["pool_id"])
         if pool is None or node["status"] not in SCALEWAY_REGISTERED or not node.get("provider_id"):
             continue
-        labels = {**pool["labels"], "kubernetes.io/hostname": node["name"]}
+        # What the kubelet and Scaleway's cloud-controller-manager put on a real Kapsule node.
+        labels = scaleway_kubernetes_labels(
+            node_type=pool["node_type"],
+            node_name=node["name"],
+            node_id=node["id"],
+            pool_id=pool["id"],
+            pool_name=pool["name"],
+            cluster_id=pool["cluster_id"],
+            region=regions.get(pool["cluster_id"], ""),
+            zone=pool["zone"],
+            pool_labels=pool["labels"],
+        )
         machines.append(
             Machine(
                 cloud="scaleway",

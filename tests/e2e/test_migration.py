@@ -41,7 +41,7 @@ QUIET_LOOPS = 10
 FILLER_CPU = {"scaleway": "2", "bizfly": "1500m"}  # of 3 and 1.9 allocatable CPUs
 APP_CPU = {"scaleway": "2", "bizfly": "1200m"}  # fits no machine already there; over half of a new one
 IN_TREE_AGENT = {"scaleway": "cluster-autoscaler/1.36.1", "bizfly": "bizfly-client-go/0.0.1"}
-OUR_AGENT = {"scaleway": "ca-externalgrpc-server/0.1.0", "bizfly": "ca-externalgrpc-server/0.1"}
+OUR_AGENT = {"scaleway": "ca-externalgrpc-server/0.2.0", "bizfly": "ca-externalgrpc-server/0.2"}
 LAYOUTS = {
     "scaleway": Layout(
         scaleway_pools=[scaleway_pool("general", "DEV1-M", 1, 1, 4), scaleway_pool("big", "POP2-4C-16G", 0, 0, 3)]

@@ -35,6 +35,8 @@ def test_machines_carry_the_provider_ids_our_server_reports(tmp_path: Path) -> N
         for machine in scw:
             assert machine.running and machine.labels["k8s.scaleway.com/pool-name"] == "general"
             assert machine.labels["kubernetes.io/hostname"] == machine.name
+            # The pools API answers "dev1_m"; the node carries the machine's commercial type.
+            assert machine.labels["node.kubernetes.io/instance-type"] == "DEV1-M"
             assert machine.capacity["cpu"] == "3" and machine.taints == [
                 {"key": "team", "value": "a", "effect": "NoSchedule"}
             ]

@@ -333,3 +333,124 @@ def test_the_http_keys_set_the_limits() -> None:
             answer = sock.recv(65536)
             late = time.monotonic() - started
         assert status_of(answer) == 408 and 0.8 < late < 1.0 + LATE, (answer[:100], late)
+
+
+# ---------------------------------------------------------------------------- nothing a client sends is kept
+
+
+def _pipelined(port: int, requests: list[bytes], per_connection: int = 500) -> list[int]:
+    """Send ``requests`` pipelined, ``per_connection`` on each new connection; the statuses answered."""
+    statuses: list[int] = []
+    for start in range(0, len(requests), per_connection):
+        batch = requests[start : start + per_connection]
+        batch[-1] = batch[-1].replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+        answer = exchange(port, b"".join(batch), timeout=30)
+        statuses += [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)]
+    return statuses
+
+
+def _distinct_requests(first: int, count: int) -> list[bytes]:
+    """GETs that share nothing: a new path, query string and header name each."""
+    return [
+        b"GET /p%d/%x?q%d=%d HTTP/1.1\r\nHost: x\r\nX-Field-%d: v%d\r\n\r\n" % (i, i * 7919, i, i, i, i)
+        for i in range(first, first + count)
+    ]
+
+
+def test_50000_distinct_paths_headers_and_queries_leave_no_memory_behind(target: Target) -> None:
+    """Each request names a path, a query and a header nobody sent before; once they are answered the
+    process holds what it held before (within 2 MiB): no state grows with what clients send."""
+    warm = _distinct_requests(0, 5_000)  # the allocator's pools and h11's code paths, warmed once
+    assert set(_pipelined(target.port, warm)) == {404}
+    before = settled_usage(target.server.pid, seconds=1.0)
+    statuses = _pipelined(target.port, _distinct_requests(5_000, 50_000))
+    assert len(statuses) == 50_000 and set(statuses) == {404}
+    methods = [b"M%d /p HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(2_000)]  # one connection each (405)
+    assert all(status_of(exchange(target.port, request)) == 405 for request in methods)
+    after = settled_usage(target.server.pid, seconds=1.0)
+    assert after.rss_mib <= before.rss_mib + 2.0, f"RSS {before.rss_mib:.1f} -> {after.rss_mib:.1f} MiB"
+    assert target.get("/healthz")[0] == 200
+
+
+# ---------------------------------------------------------------------------- RFC 9112: targets, Host, lengths
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz?verbose=1"])
+def test_an_absolute_form_target_is_served(target: Target, path: str) -> None:
+    request = f"GET http://127.0.0.1:{target.port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{target.port}\r\n\r\n"
+    assert status_of(exchange(target.port, request.encode() + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /healthz HTTP/1.1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nContent-Length: \xb2\r\n\r\n",  # latin-1 superscript two
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nContent-Length: " + b"9" * 5_000 + b"\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: a\r\nBad Name: v\r\n\r\n",
+    ],
+    ids=[
+        "no Host",
+        "two Host",
+        "Unicode digit length",
+        "5,000-digit length",
+        "two lengths",
+        "negative length",
+        "bad field",
+    ],
+)
+def test_what_rfc_9112_calls_bad_is_answered_400_at_once(target: Target, head: bytes) -> None:
+    started = time.monotonic()
+    answer = exchange(target.port, head)
+    assert status_of(answer) == 400, answer[:200]
+    assert head_of(answer).get("connection") == "close"
+    assert time.monotonic() - started < 1.0 + LATE, "the connection was held instead of answered"
+
+
+def test_http_1_0_needs_no_host(target: Target) -> None:
+    assert status_of(exchange(target.port, b"GET /healthz HTTP/1.0\r\n\r\n")) == 200
+
+
+def test_bad_requests_leave_no_traceback_and_one_log_line_a_minute() -> None:
+    with running_server() as server:
+        bad = [b"GET / HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: \xb2\r\n\r\n"]
+        for index in range(200):
+            exchange(server.http_port, bad[index % 2])
+        assert status_of(exchange(server.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+        time.sleep(0.5)
+        log = server.output
+    assert "Traceback" not in log
+    lines = [line for line in log.splitlines() if "probe/metrics port: refused" in line]
+    assert len(lines) == 1, lines  # the first refusal at once, then at most one line a minute
+
+
+# ---------------------------------------------------------------------------- probes through a flood
+
+
+def test_a_connection_that_sent_its_request_line_is_not_closed_to_make_room(target: Target) -> None:
+    """Its request line sent, a client finishing its headers within the second keeps its connection,
+    however many silent connections arrive meanwhile (they are closed instead)."""
+    with socket.create_connection(("127.0.0.1", target.port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+        time.sleep(0.05)
+        with Flood(target.port, FLOOD, b"") as flood:
+            time.sleep(0.3)
+            assert flood.closed_by_server() >= FLOOD - DEFAULTS.max_connections
+            sock.sendall(b"Host: x\r\n\r\n")
+            assert status_of(sock.recv(65536)) == 200
+
+
+def test_probes_over_fresh_connections_survive_a_flood_of_new_connections(target: Target) -> None:
+    """2,000 new silent connections a second for 4 s (20 times the cap each second) while a probe like
+    kubelet's (a fresh connection, one second for all) runs every 100 ms: the server never closes a
+    probe's connection to make room. (docs/reliability.md has the rates where probes start to fail.)"""
+    from tests.hostile.flood_report import run_flood
+
+    result = run_flood(target.port, rate=2_000, seconds=4.0)
+    failures = result["probe_failures"]
+    closed = {why: n for why, n in failures.items() if why.startswith("closed")}
+    assert not closed, f"probes closed by the server: {failures} ({result})"
+    assert result["probe_ok"] >= result["probes"] // 2, result

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from deploy.sbom import counts as sbom_counts
 from devstack.clouds import bizfly_cluster_uid
 from devstack.container import RUN_AS_UID, ContainerServer, podman
 from devstack.harness import SCW_SECRET
@@ -31,10 +33,39 @@ from simulators.bizfly import DEFAULT_APP_CREDENTIALS, BizflySimulator
 from simulators.common import Fault
 from simulators.scaleway import ScalewaySimulator
 from tests.install.conftest import REPO, autoscaled_pool_ids
+from tests.support.imagebuild import SBOM_IN_IMAGE
 
 OVERLAYS = REPO / "deploy" / "kubernetes" / "overlays"
 SERVICE = "clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider"
-VERSION = "0.1.0"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+#: what the builder takes out of the Kubernetes client's dependencies (deploy/Dockerfile)
+REMOVED_IN_THE_IMAGE = {"aiohttp", "aiohttp-retry", "aiosignal", "aiohappyeyeballs", "attrs", "frozenlist",
+                        "multidict", "propcache", "yarl"}  # fmt: skip
+
+
+def labels(image: str) -> dict[str, str]:
+    return dict(json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout))
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def locked_versions() -> dict[str, str]:
+    """requirements/runtime.txt: package -> the locked version."""
+    text = (REPO / "requirements" / "runtime.txt").read_text()
+    return {normalized(m.group(1)): m.group(2) for m in re.finditer(r"^([A-Za-z0-9._-]+)==(\S+)", text, re.MULTILINE)}
+
+
+def locked_hashes() -> dict[str, set[str]]:
+    """requirements/runtime.txt: package -> every sha256 the lock allows for it."""
+    text = (REPO / "requirements" / "runtime.txt").read_text()
+    entries = re.split(r"\n(?=[A-Za-z0-9])", text)
+    return {
+        normalized(entry.split("==", 1)[0]): set(re.findall(r"--hash=sha256:([0-9a-f]{64})", entry))
+        for entry in entries
+        if "==" in entry
+    }
 
 
 #: run in the container: for each folder named, whether a file can be created in it
@@ -100,11 +131,55 @@ def test_runs_as_non_root_and_answers_version_and_help_with_a_read_only_root(ima
     configured = json.loads(podman("image", "inspect", "--format", "{{json .Config}}", image).stdout)
     assert configured["User"] == f"{RUN_AS_UID}:{RUN_AS_UID}"
     version = run(image, "--version")
-    assert (version.returncode, version.stdout.strip()) == (0, f"ca-externalgrpc {VERSION}"), version
+    assert version.returncode == 0, version
+    lines = version.stdout.strip().splitlines()
+    assert lines[0] == f"ca-externalgrpc {VERSION}"
+    # No git in the image: the commit is the one make image recorded at build, the revision label's.
+    revision = labels(image)["org.opencontainers.image.revision"]
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", revision), revision
+    assert lines[1] == f"commit: {revision} (recorded at build)"
+    assert lines[2] == "engine: native (serving.engine: auto)"
+    locked = locked_versions()
+    assert lines[3] == (
+        f"libraries: grpcio {locked['grpcio']}, protobuf {locked['protobuf']} (upb), ca-externalgrpc-native {VERSION}"
+    )
     usage = run(image, "--help")
     assert usage.returncode == 0 and all(c in usage.stdout for c in ("serve", "validate", "status")), usage
     for command in ("serve", "validate", "status"):
         assert run(image, command, "--help").returncode == 0, command
+
+
+def test_is_labelled_and_carries_a_bill_of_materials_of_exactly_the_locked_packages(image: str) -> None:
+    """The OCI labels name the version and the commit; the image's CycloneDX document lists every Python
+    distribution installed, each at the version and with a hash the lock holds (less what the builder
+    takes out of the Kubernetes client), the crates of the wheels' own SBOMs, and the Debian packages."""
+    found = labels(image)
+    assert found["org.opencontainers.image.version"] == VERSION
+    assert found["org.opencontainers.image.source"]  # a published address, or "unknown" from a local clone
+    printed = podman(
+        "run", "--rm", "--pull=never", "--entrypoint=/opt/ca-externalgrpc/bin/python", image,
+        "-c", f"import sys; sys.stdout.write(open({SBOM_IN_IMAGE!r}).read())",
+    )  # fmt: skip
+    bom = json.loads(printed.stdout)
+    assert bom["bomFormat"] == "CycloneDX" and bom["specVersion"] == "1.6"
+    root = bom["metadata"]["component"]
+    assert (root["name"], root["version"]) == ("ca-externalgrpc-server", VERSION)
+    assert {"name": "org.opencontainers.image.revision", "value": found["org.opencontainers.image.revision"]} in root[
+        "properties"
+    ]
+    python = {normalized(c["name"]): c for c in bom["components"] if c.get("purl", "").startswith("pkg:pypi/")}
+    versions, hashes = locked_versions(), locked_hashes()
+    assert set(python) == set(versions) - REMOVED_IN_THE_IMAGE
+    for name, component in python.items():
+        assert component["version"] == versions[name], name
+        (digest,) = [h["content"] for h in component["hashes"] if h["alg"] == "SHA-256"]
+        assert digest in hashes[name], f"{name}: the wheel installed is not one the lock holds"
+    local = [c["name"] for c in bom["components"] if c["type"] == "library" and "purl" not in c]
+    assert local == ["ca-externalgrpc-native"]
+    counts = sbom_counts(bom)
+    assert counts["cargo"] > 50 and counts["deb"] > 20, counts
+    deb = {c["name"] for c in bom["components"] if c.get("purl", "").startswith("pkg:deb/")}
+    assert {"python3.11", "libc6", "libssl3", "ca-certificates"} <= deb
 
 
 def test_serves_both_clouds_with_config_and_secrets_mounted_as_the_manifests_mount_them(

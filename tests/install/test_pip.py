@@ -111,7 +111,7 @@ def fresh_virtualenv(root: Path) -> Virtualenv:
 
 @pytest.fixture(scope="module")
 def wheels() -> tuple[Path, Path]:
-    server = built_wheel(SERVER_WHEEL, "server", "providers", "protos", "pyproject.toml")
+    server = built_wheel(SERVER_WHEEL, "server", "providers", "protos", "pyproject.toml", "setup.py")
     native = built_wheel(NATIVE_WHEEL, "native/src", "native/Cargo.toml", "native/Cargo.lock")
     return server, native
 
@@ -126,9 +126,14 @@ def plain(wheels: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def with_native(wheels: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Virtualenv:
-    """The server with its [native] extra, the native wheel found in dist/."""
+    """The server with its [native] extra, the native wheel found in dist/, its dependencies the locked
+    ones: the exact files of requirements/runtime.txt, hashes checked, then both wheels without
+    dependencies, and pip check that nothing the server needs is missing (docs/operations.md)."""
     venv = fresh_virtualenv(tmp_path_factory.mktemp("native") / "venv")
-    venv.pip_install("--find-links", str(DIST), f"{wheels[0]}[native]")
+    venv.pip_install("--require-hashes", "--no-deps", "-r", str(REPO / "requirements" / "runtime.txt"))
+    venv.pip_install("--no-deps", str(wheels[0]), str(wheels[1]))  # --no-deps: the extra names, the file installs
+    checked = venv.run(str(venv.root / "bin" / "pip"), "check")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     return venv
 
 
@@ -210,6 +215,27 @@ def test_the_servers_wheel_alone_serves_the_readme_config_on_grpcio_and_says_so_
     assert "native serving engine is not installed" in said[0]["msg"]
     assert "pip install 'ca-externalgrpc-server[native]'" in said[0]["msg"]
     conformance_smoke(plain, tmp_path)
+
+
+@pytest.mark.timeout(PIP_TIMEOUT_SECONDS + 200)
+def test_version_names_the_commit_the_wheel_was_built_from_and_the_engine(
+    plain: Virtualenv, with_native: Virtualenv
+) -> None:
+    """No git in a virtualenv: the commit is the one make wheels recorded in the wheel."""
+    for venv, engine in ((plain, "grpcio"), (with_native, "native")):
+        done = venv.run(venv.ca_externalgrpc, "--version")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.strip().splitlines()
+        assert re.fullmatch(r"commit: [0-9a-f]{40}(-dirty)? \(recorded at build\)", lines[1]), lines
+        assert lines[2].startswith(f"engine: {engine} (serving.engine: auto"), lines
+        assert re.fullmatch(
+            r"libraries: grpcio \S+, protobuf \S+ \(\w+\), ca-externalgrpc-native (\S+|not installed)", lines[3]
+        ), lines
+    locked = (REPO / "requirements" / "runtime.txt").read_text()
+    pinned = {name: re.search(rf"^{name}==(\S+)", locked, re.MULTILINE) for name in ("grpcio", "protobuf")}
+    done = with_native.run(with_native.ca_externalgrpc, "--version")
+    for name, pin in pinned.items():
+        assert pin and f"{name} {pin.group(1)}" in done.stdout, (name, done.stdout)
 
 
 @pytest.mark.timeout(PIP_TIMEOUT_SECONDS + 200)

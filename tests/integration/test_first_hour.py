@@ -136,11 +136,13 @@ def test_demo_on_a_busy_port_names_the_flag_and_the_make_variable(flag: str, mak
 
 
 # ---------------------------------------------------------------------------------------------- CLI basics
-def test_version_prints_the_distribution_version() -> None:
+def test_version_prints_the_distribution_version_then_the_commit_engine_and_libraries() -> None:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     done = cli("--version")
     assert done.returncode == 0
-    assert one_line(done.stdout) == f"ca-externalgrpc {project['version']}"
+    lines = done.stdout.strip().splitlines()
+    assert lines[0] == f"ca-externalgrpc {project['version']}"
+    assert [line.split(":")[0] for line in lines[1:]] == ["commit", "engine", "libraries"]
 
 
 @pytest.mark.parametrize("path", ["/no/such/ca.crt", "."])  # missing, and a directory

@@ -37,6 +37,7 @@ from devstack.harness import Stack, running_stack
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from protos import k8s_core_v1_pb2 as k8s
+from providers.node_labels import GroupLabels, machine_names
 from simulators.bizfly.state import PROVIDER_ID_PREFIX as BIZFLY_PROVIDER_ID_PREFIX
 from tests.bench import golang
 from tests.bench.servers import BenchedServer, start_upstream_example
@@ -55,7 +56,7 @@ BOOTING = "5cf2b1a0-0000-4000-8000-000000000003"  # two machines created without
 BATCH = "5cf2b1a0-0000-4000-8000-000000000004"  # at zero: every form of the taints map
 GPU = "5cf2b1a0-0000-4000-8000-000000000005"  # at zero: an L4 GPU pool
 ARM = "5cf2b1a0-0000-4000-8000-000000000006"  # at zero: arm64
-BARE = "5cf2b1a0-0000-4000-8000-000000000007"  # at zero: the API's labels are the pool's own only
+BARE = "5cf2b1a0-0000-4000-8000-000000000007"  # at zero: its owner's labels only, like every pool
 OLD_GPU = "5cf2b1a0-0000-4000-8000-000000000008"  # at zero: a bare `gpu` count, no allocatable
 NOTHING = "5cf2b1a0-0000-4000-8000-000000000009"  # at zero: neither capacity nor allocatable
 FIXED = "5cf2b1a0-0000-4000-8000-00000000000a"  # autoscaling off: its node is in no node group
@@ -123,7 +124,7 @@ SCALEWAY_SCENARIO = {
                 ),
                 _scw_pool(GPU, "gpu", "L4-1-24G", 0, 2, taints={"nvidia.com/gpu": "true:NoSchedule"}),
                 _scw_pool(ARM, "arm", "COPARM1-4C-16G", 0, 3),
-                _scw_pool(BARE, "bare", "DEV1-L", 0, 3, labels={"team": "data"}, default_labels=False),
+                _scw_pool(BARE, "bare", "DEV1-L", 0, 3, labels={"team": "data"}),
                 _scw_pool(OLD_GPU, "old-gpu", "GPU-3070-S", 0, 2, capacity=OLD_GPU_CAPACITY, allocatable={}),
                 _scw_pool(NOTHING, "nothing", "DEV1-M", 0, 2, capacity={}, allocatable={}),
                 _scw_pool(FIXED, "fixed", "GP1-XS", 1, 1, min_size=1, autoscaling=False),
@@ -133,6 +134,35 @@ SCALEWAY_SCENARIO = {
 }
 SCW_GROUPS = 9  # every pool but FIXED
 SCW_EMPTY_GROUPS = (BATCH, GPU, ARM, BARE, OLD_GPU, NOTHING)
+SCW_POOLS = {p["id"]: p for p in SCALEWAY_SCENARIO["clusters"][0]["pools"]}  # type: ignore[index]
+# The GPU label ours gives a GPU pool without one: its node type in lower case, as the label reads it.
+SCW_GPU_TYPES = {GPU: "l4-1-24g", OLD_GPU: "gpu-3070-s"}
+
+
+def scw_added_labels(group_id: str) -> dict[str, str]:
+    """The labels our template adds to the in-tree one, which is the pool's own ``labels`` only (and, as
+    recorded, the API's pool labels are what the owner set): what every Kapsule node carries, the
+    instance type spelled as the node's label is (``DEV1-M``; the API answers ``dev1_m``), and the GPU
+    label on GPU pools (docs/migration.md, "What behaves differently on purpose")."""
+    pool = SCW_POOLS[group_id]
+    added = {
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "arm64" if pool["node_type"].startswith("COPARM1") else "amd64",
+        "node.kubernetes.io/instance-type": pool["node_type"],  # the scenario's spelling is the commercial one
+        "topology.kubernetes.io/region": "fr-par",
+        "topology.kubernetes.io/zone": "fr-par-1",
+        "k8s.scaleway.com/pool": group_id,
+        "k8s.scaleway.com/pool-name": pool["name"],
+    }
+    if group_id in SCW_GPU_TYPES:
+        added["k8s.scw.cloud/gpu"] = SCW_GPU_TYPES[group_id]
+    return added
+
+
+def _without_synthetic_ids(found: dict[str, Any]) -> dict[str, Any]:
+    """Our instances keyed as the in-tree provider keys them: a machine without a providerID under ""."""
+    return {("" if i.startswith("scaleway://kapsule-node/") else i): v for i, v in found.items()}
+
 
 # ------------------------------------------------------------------------------------------ Bizfly cloud
 BZ_GENERAL = "d1ff00000000000000000001"
@@ -470,6 +500,8 @@ def test_scaleway_instances_have_the_same_ids_and_states(scaleway: Sides) -> Non
         if group_id == BOOTING:
             continue  # below
         ours, theirs = (instances(a) for a in scaleway.both("NodeGroupNodes", pb.NodeGroupNodesRequest(id=group_id)))
+        # MIXED's creating machine has no providerID yet (as recorded): ours lists it by its Kapsule node id.
+        ours = _without_synthetic_ids(ours)
         assert {i: s for i, (s, _) in ours.items()} == {i: s for i, (s, _) in theirs.items()}, group_id
         for instance_id, (_, (code, message, error_class)) in theirs.items():
             status = status_of[instance_id]
@@ -516,15 +548,16 @@ def test_scaleway_every_node_maps_to_the_same_group(scaleway: Sides) -> None:
         ours, theirs = scaleway.both("NodeGroupForNode", pb.NodeGroupForNodeRequest(node=grpc_node(ref)))
         if not ref["provider_id"]:
             # A node without a providerID: the in-tree provider finds it among the machines of a pool that
-            # have none yet (BOOTING's), which says nothing about the node; ours maps it to no group.
-            assert node_group_of(theirs) == (BOOTING, 0, 4) and node_group_of(ours) == ("", 0, 0), ref
+            # have none yet (BOOTING's, or MIXED's creating one), which says nothing about the node; ours maps
+            # it to no group.
+            assert node_group_of(theirs)[0] in (BOOTING, MIXED) and node_group_of(ours) == ("", 0, 0), ref
         else:
             assert node_group_of(ours) == node_group_of(theirs), ref
         mapped[ref["name"]] = node_group_of(ours)[0]
     expected = {r["name"]: ("" if r["pool_id"] == FIXED or not r["provider_id"] else r["pool_id"]) for r in refs}
     assert {name: mapped[name] for name in expected} == expected
     assert [mapped[f["name"]] for f in foreign] == ["", "", ""]
-    assert sum(1 for r in refs if not r["provider_id"]) == 2  # BOOTING's two machines
+    assert sum(1 for r in refs if not r["provider_id"]) == 3  # BOOTING's two machines, MIXED's creating one
 
 
 def _templates(sides: Sides, group_id: str) -> tuple[k8s.Node | Code, k8s.Node | Code]:
@@ -532,17 +565,6 @@ def _templates(sides: Sides, group_id: str) -> tuple[k8s.Node | Code, k8s.Node |
     return template(ours), template(theirs)
 
 
-# Labels our template adds where the pool's own `labels` lack them (docs/scaleway.md, "Templates"):
-# what every Kapsule node carries. With the simulator's usual pool labels they are there already.
-BARE_ADDED_LABELS = {
-    "kubernetes.io/os": "linux",
-    "kubernetes.io/arch": "amd64",
-    "node.kubernetes.io/instance-type": "DEV1-L",
-    "topology.kubernetes.io/region": "fr-par",
-    "topology.kubernetes.io/zone": "fr-par-1",
-    "k8s.scaleway.com/pool": BARE,
-    "k8s.scaleway.com/pool-name": "bare",
-}
 # The readiness conditions the in-tree template has; ours adds PIDPressure, as a real kubelet reports it.
 IN_TREE_CONDITIONS = {
     "Ready": "True",
@@ -575,10 +597,9 @@ def test_scaleway_templates_of_empty_groups_are_the_same_but_for_the_known_diffe
         assert (ours["phase"], ours["os_arch"]) == ("Running", ("linux", ours["labels"]["kubernetes.io/arch"]))
         for key in ("name", "conditions", "phase", "os_arch"):
             del ours[key], theirs[key]
-        if group_id == BARE:
-            assert ours["labels"] == {**theirs["labels"], **BARE_ADDED_LABELS}
-            assert theirs["labels"] == {"team": "data"}
-            ours["labels"] = theirs["labels"]
+        assert theirs["labels"] == SCW_POOLS[group_id].get("labels", {}), group_id
+        assert ours["labels"] == {**theirs["labels"], **scw_added_labels(group_id)}, group_id
+        ours["labels"] = theirs["labels"]
         if group_id == OLD_GPU:
             # A bare `gpu` count is the GPU resource the CA looks for; no allocatable means the capacity.
             assert theirs["capacity"] == {k: Fraction(v) for k, v in OLD_GPU_CAPACITY.items()}
@@ -604,6 +625,7 @@ def test_scaleway_templates_give_the_ca_the_same_node_but_for_the_known_differen
     gpu_label = scaleway.ours.GPULabel(pb.GPULabelRequest(), timeout=10).label
     assert gpu_label == scaleway.theirs.GPULabel(pb.GPULabelRequest(), timeout=10).label == "k8s.scw.cloud/gpu"
     seen = {}
+    arch = {}
     for group_id in SCW_EMPTY_GROUPS:
         ours_node, theirs_node = _templates(scaleway, group_id)
         if not isinstance(ours_node, k8s.Node) or not isinstance(theirs_node, k8s.Node):
@@ -611,39 +633,56 @@ def test_scaleway_templates_give_the_ca_the_same_node_but_for_the_known_differen
         ours = as_the_ca_sees_it(ours_node, group_id, gpu_label)
         theirs = as_the_ca_sees_it(theirs_node, group_id, gpu_label)
         assert ours["ready"] and theirs["ready"]
-        if group_id == BARE:
-            added = {**BARE_ADDED_LABELS}
-            added |= {beta: BARE_ADDED_LABELS[stable] for stable, beta in BETA_LABELS}
-            assert ours["labels"] == {**theirs["labels"], **added}
-            ours["labels"] = theirs["labels"]
+        added = scw_added_labels(group_id)
+        added |= {beta: added[stable] for stable, beta in BETA_LABELS}
+        assert ours["labels"] == {**theirs["labels"], **added}, group_id
+        arch[group_id] = ours["labels"]["kubernetes.io/arch"]
+        ours["labels"] = theirs["labels"]
+        if group_id == GPU:
+            # The in-tree template has no GPU label (the pool has none): the CA finds the GPU by its resource.
+            assert theirs["gpu"] == ("", "nvidia.com/gpu", 1)
+            assert ours["gpu"] == ("l4-1-24g", "nvidia.com/gpu", 1)
+            theirs["gpu"] = ours["gpu"]
         if group_id == OLD_GPU:
-            # The in-tree template: a GPU by its label, but none allocatable: no GPU pod fits, no CPU pod
-            # either (no allocatable at all). Ours: one GPU, the machine's resources.
-            assert theirs["gpu"] == ("nvidia-rtx-3070", "nvidia.com/gpu", 0) and theirs["allocatable"] == {}
-            assert ours["gpu"] == ("nvidia-rtx-3070", "nvidia.com/gpu", 1) and ours["allocatable"]["cpu"] == 8
+            # The in-tree template: no GPU label and nothing allocatable, so the CA sees no GPU and no pod fits
+            # (no allocatable at all). Ours: one GPU, the machine's resources.
+            assert theirs["gpu"] is None and theirs["allocatable"] == {}
+            assert ours["gpu"] == ("gpu-3070-s", "nvidia.com/gpu", 1) and ours["allocatable"]["cpu"] == 8
             for side in (ours, theirs):
                 side["gpu"] = side["capacity"] = side["allocatable"] = None
         assert ours == theirs, group_id
         seen[group_id] = ours
-    assert seen[GPU]["gpu"] == ("nvidia-l4", "nvidia.com/gpu", 1)
+    assert seen[GPU]["gpu"] == ("l4-1-24g", "nvidia.com/gpu", 1)
     assert seen[GPU]["taints"] == [("nvidia.com/gpu", "true", "NoSchedule")]
-    assert seen[ARM]["labels"]["kubernetes.io/arch"] == "arm64"
+    assert arch[ARM] == "arm64" and arch[BATCH] == "amd64"
     assert seen[BATCH]["allocatable"]["memory"] < seen[BATCH]["capacity"]["memory"] == 16 * 2**30
     assert [t[0] for t in seen[BATCH]["taints"]] == ["batch", "evict", "odd"]  # the startup taint dropped
 
 
 def test_scaleway_templates_of_groups_with_nodes_are_the_same_too(scaleway: Sides) -> None:
-    """The CA falls back to a template when a group has no ready node; same answers there."""
+    """The CA falls back to a template when a group has no ready node; same answers there, but for labels."""
+    assert scaleway.stack.scaleway is not None
     gpu_label = "k8s.scw.cloud/gpu"
     for group_id in (GENERAL, MIXED, BOOTING):
         ours_node, theirs_node = _templates(scaleway, group_id)
         assert isinstance(ours_node, k8s.Node) and isinstance(theirs_node, k8s.Node)
-        assert as_the_ca_sees_it(ours_node, group_id, gpu_label) == as_the_ca_sees_it(theirs_node, group_id, gpu_label)
+        ours = as_the_ca_sees_it(ours_node, group_id, gpu_label)
+        theirs = as_the_ca_sees_it(theirs_node, group_id, gpu_label)
+        added = scw_added_labels(group_id)
+        # With nodes, ours also fills in the labels the CA showed of them (NodeGroupForNode, above) that
+        # describe the group: those every node of the pool carries (providers/node_labels.py).
+        refs = scaleway.stack.scaleway.node_refs(registered_only=False)
+        for shown in [r for r in refs if r["pool_id"] == group_id and r["provider_id"]][:1]:
+            added |= GroupLabels().keep(shown["labels"], machine_names(shown["name"], shown["provider_id"]))
+        added |= {beta: added[stable] for stable, beta in BETA_LABELS}
+        assert ours["labels"] == {**theirs["labels"], **added}, group_id
+        ours["labels"] = theirs["labels"]
+        assert ours == theirs, group_id
 
 
 def test_scaleway_options_gpu_types_and_prices(scaleway: Sides) -> None:
-    """The other reads: options and GPU types differ on purpose; prices agree (to the in-tree provider's
-    32-bit float), and ours prices the template node of a pool whose labels lack the pool label."""
+    """The other reads: options and GPU types differ on purpose; prices of nodes agree (to the in-tree
+    provider's 32-bit float), and only ours prices a template node (the pool's labels lack the pool label)."""
     ours, theirs = scaleway.both(
         "NodeGroupGetOptions",
         pb.NodeGroupAutoscalingOptionsRequest(id=GENERAL, defaults=pb.NodeGroupAutoscalingOptions()),
@@ -652,7 +691,7 @@ def test_scaleway_options_gpu_types_and_prices(scaleway: Sides) -> None:
     assert ours == pb.NodeGroupAutoscalingOptionsResponse()  # empty: the CA's defaults
     ours, theirs = scaleway.both("GetAvailableGPUTypes", pb.GetAvailableGPUTypesRequest())
     assert set(theirs.gpuTypes) == set()
-    assert set(ours.gpuTypes) == {"nvidia-l4", "nvidia-rtx-3070"}
+    assert set(ours.gpuTypes) == set(SCW_GPU_TYPES.values())
     # A pod's price: Kapsule bills nodes; both say 0.
     pod = pb.PricingPodPriceRequest(startTimestamp=Timestamp(seconds=0), endTimestamp=Timestamp(seconds=3600))
     pod.pod_bytes = k8s.Pod(metadata=k8s.ObjectMeta(name="web-0", namespace="default")).SerializeToString()
@@ -674,10 +713,8 @@ def test_scaleway_options_gpu_types_and_prices(scaleway: Sides) -> None:
             continue
         ours = ask(scaleway.ours, "PricingNodePrice", price_request(_template_node(ours_node, group_id)))
         theirs = ask(scaleway.theirs, "PricingNodePrice", price_request(_template_node(theirs_node, group_id)))
-        if group_id == BARE:
-            assert theirs == Code.UNKNOWN  # its template has no k8s.scaleway.com/pool label to find the pool by
-        else:
-            assert ours.price == pytest.approx(theirs.price, rel=1e-6), group_id
+        # The in-tree template carries the pool's labels only: no k8s.scaleway.com/pool label to find it by.
+        assert theirs == Code.UNKNOWN, group_id
         assert ours.price == pytest.approx(2 * hourly[group_id], rel=1e-12), group_id
 
 

@@ -328,7 +328,8 @@ def test_a_listing_that_changes_no_machine_keeps_the_node_lookups_a_new_machine_
     assert raw_call(stack.channel, "NodeGroupForNode", request) == python_answer(stack, "NodeGroupForNode", request)[2]
 
     stack.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=GENERAL, delta=1), timeout=10)
-    stack.advance(1)  # the new machine is listed (with its providerID from its creation on)
+    # Past "creating": the new machine is listed with its providerID (Kapsule lists none while it creates it).
+    stack.advance(SCENARIO["timings"]["creating"] + 1)
     tables, lookups = build_tables(service, published)
     assert not lookups.same_as(published) and tables["for_node"] is not None
     new = set(n.provider_id for n in stack.scaleway.nodes_of(GENERAL)) - {known}

@@ -44,7 +44,7 @@ def worked(tmp_path_factory):
             stack.target(GENERAL)
             stack.instances(GENERAL)
             stack.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=GENERAL, delta=1), timeout=5)
-            pid = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL))[0]
+            pid = sorted(n.provider_id for n in stack.scaleway.nodes_of(GENERAL) if n.provider_id)[0]
             stack.stub.NodeGroupDeleteNodes(
                 pb.NodeGroupDeleteNodesRequest(id=GENERAL, nodes=[pb.ExternalGrpcNode(providerID=pid)]), timeout=5
             )

@@ -31,7 +31,7 @@ from providers.errors import (
     SizeLimitExceeded,
 )
 from providers.http_transport import BreakerSettings, RetryPolicy
-from providers.model import ErrorClass, InstanceState, NodeRef
+from providers.model import ErrorClass, InstanceState, LearnedTemplate, NodeRef, NodeTemplate
 from providers.scaleway.adapter import SYNTHETIC_ID_PREFIX, ScalewayAdapter
 from providers.scaleway.config import ScalewayConfig
 from simulators.common.faults import Fault
@@ -329,10 +329,24 @@ def test_delete_of_a_node_of_another_group_is_refused_before_any_call(sim, backe
 
 def test_delete_of_an_already_gone_node_is_success(sim, backends):
     backend = make_backend(sim, backends)
-    sim.inject(Fault(route="delete_node", status=404, times=1, body={"status": 404, "message": "gone"}))
     victim = ids_of(sim, P1)[0]
+    gone = {"message": "resource is not found", "resource": "node", "resource_id": victim, "type": "not_found"}
+    sim.inject(Fault(route="delete_node", status=404, times=1, body=gone))
     assert backend.delete_nodes(P1, [node_ref(sim, victim)], deadline()) == 1
     assert backend.target_size(P1) == 2
+
+
+def test_a_bare_404_to_a_delete_is_not_taken_for_a_gone_node(sim, backends):
+    # A gateway's 404 ({"message": ...}, no type, no resource) says the route was not reached: the node
+    # may well still run, so the deletion is reported as failed rather than done.
+    backend = make_backend(sim, backends)
+    victim = ids_of(sim, P1)[0]
+    sim.inject(Fault(route="delete_node", status=404, times=1, body={"message": "Not Found"}))
+    with pytest.raises(CloudRequestRejected, match="names no resource: node .* was not reached") as info:
+        backend.delete_nodes(P1, [node_ref(sim, victim)], deadline())
+    assert info.value.status == 404
+    assert sim.node(victim).status == "ready"
+    assert backend.target_size(P1) == 3
 
 
 def test_repeated_delete_of_a_deleting_node_is_success(sim, backends):
@@ -426,19 +440,32 @@ def test_pool_no_longer_autoscaled_is_not_found_on_fresh_read(sim):
         adapter.close()
 
 
-def test_upgrading_pool_is_busy(sim, backends):
+def test_an_upgrading_pool_is_asked_and_its_409_names_the_state_the_api_gave(sim, backends):
     backend = make_backend(sim, backends)
-    sim.upgrade_pool(P1)  # after the sync: the snapshot still says ready, the API answers 409
-    with pytest.raises(GroupBusy, match="upgrading"):
+    sim.upgrade_pool(P1)  # after the sync: the snapshot still says ready, the API answers 409 upgrading
+    with pytest.raises(GroupBusy, match="the API says the pool is upgrading") as info:
         backend.increase_size(P1, 1, deadline())
+    assert "is ready" not in str(info.value)  # never our cached status
     assert [r.status for r in sim.requests.filter(route="update_pool")] == [409]
-    backend.sync(deadline())  # now the snapshot knows: refused without a call
+    backend.sync(deadline())  # the snapshot now says upgrading: the PATCH is still sent, Kapsule decides
     with pytest.raises(GroupBusy, match="upgrading"):
         backend.increase_size(P1, 1, deadline())
-    assert sim.requests.count(route="update_pool") == 1
+    assert sim.requests.count(route="update_pool") == 2
     sim.release_pool(P1)
     backend.sync(deadline())
     assert backend.increase_size(P1, 1, deadline()) == 4
+
+
+def test_a_pool_seen_upgrading_is_scaled_when_kapsule_accepts(sim, backends):
+    # Nothing public says Kapsule refuses a size change during an upgrade (a surge upgrade of a big pool
+    # takes long): with an API that accepts it, the pending pods get their machine now.
+    sim.set_behaviour(transient_pool_writes="accept")
+    sim.upgrade_pool(P1)
+    backend = make_backend(sim, backends)
+    assert backend.group(P1).cloud_data.status == "upgrading"
+    assert backend.increase_size(P1, 2, deadline()) == 5
+    assert sim.pool(P1).size == 5
+    assert [r.status for r in sim.requests.filter(route="update_pool")] == [200]
 
 
 def test_locked_pool_refuses_deletion(sim, backends):
@@ -666,13 +693,18 @@ def test_template_from_the_pool_with_whole_units(make_sim, backends):
 
 def test_gpu_pools_give_gpu_types_label_and_resource(make_sim, backends):
     gpu_pool = {"id": P2, "name": "gpu", "node_type": "L4-1-24G", "size": 0, "max_size": 2}
-    sim = make_sim(scenario([{"id": P1, "name": "cpu", "size": 1, "max_size": 3}, gpu_pool]))
+    labelled = {"id": P3, "name": "h100", "node_type": "H100-1-80G", "size": 0, "max_size": 1}
+    labelled["labels"] = {"k8s.scw.cloud/gpu": "nvidia-h100"}
+    sim = make_sim(scenario([{"id": P1, "name": "cpu", "size": 1, "max_size": 3}, gpu_pool, labelled]))
     backend = make_backend(sim, backends)
     assert backend.adapter.gpu_label == "k8s.scw.cloud/gpu"  # as in the CA's Scaleway tests
-    assert backend.adapter.available_gpu_types() == ("nvidia-l4",)
+    # The pool's own GPU label when it has one, else its node type in lower case (the API answers
+    # "l4_1_24g"; the label reads as the commercial type does).
+    assert backend.adapter.available_gpu_types() == ("l4-1-24g", "nvidia-h100")
     template = backend.template(P2)
-    assert template.labels["k8s.scw.cloud/gpu"] == "nvidia-l4"
+    assert template.labels["k8s.scw.cloud/gpu"] == "l4-1-24g"
     assert template.capacity["nvidia.com/gpu"] == "1"
+    assert backend.template(P3).labels["k8s.scw.cloud/gpu"] == "nvidia-h100"
     assert "k8s.scw.cloud/gpu" not in backend.template(P1).labels
 
 
@@ -686,3 +718,39 @@ def test_node_price_rounds_hours_up_for_the_pool_named_by_the_label(make_sim, ba
     price = backend.adapter.node_price(backend.group(group_id), node, start, start + dt.timedelta(hours=2, minutes=30))
     assert price == pytest.approx(0.30, abs=0.001)
     assert backend.adapter.group_for_price_node(NodeRef(provider_id="x")) is None
+
+
+# ---------------------------------------------------------------------- instance type spelling
+
+
+def learned_from_a_real_node(instance_type: str) -> LearnedTemplate:
+    """A template learned from a Ready Kapsule node: its label as the cloud-controller-manager set it."""
+    labels = {"node.kubernetes.io/instance-type": instance_type, "kubernetes.io/os": "linux", "team": "a"}
+    return LearnedTemplate(
+        NodeTemplate(labels, (), {"cpu": "2", "memory": "8Gi"}, {"cpu": "1910m", "memory": "6840Mi"}),
+        "scw-pro-0123456789abcdef",
+        "2026-08-20T10:00:00Z",
+    )
+
+
+def test_a_learned_template_is_kept_when_only_the_spelling_of_the_instance_type_differs(sim, backends):
+    # The pools API answers node_type "pro2_xxs"; the real node was labelled "PRO2-XXS". After a restart the
+    # learned template comes back from its ConfigMap: it still describes the pool's machines and is served.
+    pool = sim.add_pool("pro", node_type="PRO2-XXS", size=0, min_size=0, max_size=3)
+    assert sim.pool(pool.id).node_type == "pro2_xxs"
+    backend = make_backend(sim, backends)
+    assert backend.template(pool.id).labels["node.kubernetes.io/instance-type"] == "PRO2-XXS"
+    learned = learned_from_a_real_node("PRO2-XXS")
+    backend.set_learned_template(pool.id, learned)
+    assert backend.template_source(pool.id) == learned.source
+    served = backend.template(pool.id)
+    assert served.allocatable == learned.template.allocatable
+    assert served.labels["node.kubernetes.io/instance-type"] == "PRO2-XXS"
+
+
+def test_a_learned_template_of_another_machine_type_is_still_dropped(sim, backends):
+    pool = sim.add_pool("pro", node_type="PRO2-XXS", size=0, min_size=0, max_size=3)
+    backend = make_backend(sim, backends)
+    backend.set_learned_template(pool.id, learned_from_a_real_node("PRO2-S"))  # the pool changed type since
+    assert backend.template_source(pool.id) == "cloud"
+    assert backend.template(pool.id).allocatable["cpu"] == "2"  # the catalog's PRO2-XXS, whole cores

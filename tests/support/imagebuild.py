@@ -14,6 +14,13 @@ what takes the space. Two sets of base images, one Dockerfile:
 - ``--bases public``: the Dockerfile's defaults, python:3.11-slim-bookworm and the Rust stage on
   rust:1.95-slim-bookworm, pulled from Docker Hub.
 
+Before anything is built, the lock is checked against pyproject.toml (tests/support/lock.py): a lock
+behind it stops ``make image`` with one line saying to run ``make lock``. The image is labelled with
+the version, the commit (``-dirty`` with uncommitted changes) and the published source address
+(org.opencontainers.image.*), carries a CycloneDX bill of materials of its Python, Rust and Debian
+packages (deploy/sbom.py; copied to ``dist/image.cdx.json``), and its server's ``--version`` names the
+commit. The runtime base keeps dpkg's status of the packages it keeps, for that bill and for scanners.
+
 The bases' tarballs are cached in ``$IMAGE_CACHE_DIR`` (default ``~/.cache/ca-externalgrpc-image``),
 keyed by what they hold; ``--refresh-bases`` makes them anew (Debian's latest packages). podman's
 layer cache does the rest, so a build with nothing changed takes seconds. The image is labelled with
@@ -29,6 +36,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -38,9 +46,11 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
+from deploy.sbom import summary as sbom_summary
 from devstack.container import (
     DOCKERFILE,
     SOURCE_LABEL,
@@ -51,8 +61,12 @@ from devstack.container import (
     qualified,
     source_digest,
 )
+from tests.support import lock
 
 REPO = Path(__file__).resolve().parents[2]
+#: where the image carries its bill of materials (deploy/Dockerfile)
+SBOM_IN_IMAGE = "/opt/ca-externalgrpc/sbom.cdx.json"
+OCI = "org.opencontainers.image."
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ca-externalgrpc-image"
 DIST = REPO / "dist"
 NATIVE_WHEEL_GLOB = "ca_externalgrpc_native-*.whl"
@@ -86,8 +100,11 @@ RUNTIME_FILES_ONLY = ("ca-certificates",)
 RUNTIME_WHOLE_TREES = ("etc",)
 #: the interpreter's library, whose byte-code py3compile generated at install (in no package's list)
 PYTHON_LIBRARY = re.compile(r"^usr/lib/python3(\.\d+)?/")
+#: where dpkg keeps its status: the runtime base gets one of the packages it keeps (scanners and the
+#: image's bill of materials read it there), though it has no dpkg to use it
+DPKG_STATUS = "var/lib/dpkg/status"
 #: version of the rules above, part of the cache key
-RUNTIME_CUT_VERSION = "1"
+RUNTIME_CUT_VERSION = "2"
 
 
 class ImageBuildError(RuntimeError):
@@ -203,6 +220,13 @@ def dependency_closure(packages: dict[str, dict[str, str]], roots: Sequence[str]
     return wanted
 
 
+def kept_status(status: str, kept: set[str]) -> str:
+    """dpkg's status with only the paragraphs of the ``kept`` packages, as dpkg wrote them."""
+    paragraphs = [p for p in status.split("\n\n") if p.strip()]
+    named = {re.search(r"^Package: (\S+)$", p, re.MULTILINE): p for p in paragraphs}
+    return "".join(p.strip("\n") + "\n\n" for match, p in named.items() if match and match.group(1) in kept)
+
+
 def cut_runtime(base: Path, target: Path) -> None:
     """The runtime base: the files of ``RUNTIME_PACKAGES`` with their dependencies and of
     ``RUNTIME_FILES_ONLY``, ``RUNTIME_WHOLE_TREES``, the interpreter's byte-code, and the top-level
@@ -219,7 +243,8 @@ def cut_runtime(base: Path, target: Path) -> None:
             return f"{links[first]}/{rest}" if first in links and rest else path.strip("/")
 
         keep: set[str] = {name for name in members if "/" not in name}  # /bin, /tmp, /proc, ...
-        for name in sorted(dependency_closure(packages, RUNTIME_PACKAGES) | set(RUNTIME_FILES_ONLY)):
+        kept_packages = dependency_closure(packages, RUNTIME_PACKAGES) | set(RUNTIME_FILES_ONLY)
+        for name in sorted(kept_packages):
             arch = packages[name].get("Architecture", "all")
             lists = (f"var/lib/dpkg/info/{name}:{arch}.list", f"var/lib/dpkg/info/{name}.list")
             listing = next((members[f] for f in lists if f in members), None)
@@ -239,12 +264,22 @@ def cut_runtime(base: Path, target: Path) -> None:
                     keep.add(name)
         # The target of a kept hard link, and every directory above a kept file (its owner and mode).
         keep.update(members[n].linkname.removeprefix("./") for n in list(keep) if n in members and members[n].islnk())
+        keep.update(str(parent) for parent in PurePosixPath(DPKG_STATUS).parents)
         keep.update(str(parent) for name in list(keep) for parent in PurePosixPath(name).parents)
+        status_member = members[DPKG_STATUS]
+        status_file = root.extractfile(status_member)
+        assert status_file is not None
+        status = kept_status(status_file.read().decode(), kept_packages).encode()
         partial = target.with_suffix(".partial")
         with tarfile.open(partial, "w") as out:
             for member in ordered:
-                if member.name.removeprefix("./").rstrip("/") in keep:
+                name = member.name.removeprefix("./").rstrip("/")
+                if name == DPKG_STATUS:
+                    continue
+                if name in keep:
                     out.addfile(member, root.extractfile(member) if member.isfile() else None)
+            status_member.size = len(status)
+            out.addfile(status_member, io.BytesIO(status))
         partial.replace(target)
     log(f"runtime base cut from it: {target} ({target.stat().st_size / 1e6:.0f} MB)")
 
@@ -324,8 +359,44 @@ class StageTracker:
         return self.names.get(self.current, "?")
 
 
-def build(image: str, build_args: dict[str, str]) -> None:
+def git(*args: str) -> str | None:
+    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def source_revision() -> str:
+    """The commit the image is built from, ``-dirty`` when tracked files differ from it; or unknown."""
+    head = git("rev-parse", "HEAD")
+    if head is None:
+        return "unknown"
+    return f"{head}-dirty" if git("status", "--porcelain", "--untracked-files=no") else head
+
+
+def source_url() -> str:
+    """Where the sources are published: the git remote ``origin`` when it is a network address (a local
+    clone's path means nothing to whoever runs the image), else unknown."""
+    url = git("remote", "get-url", "origin") or ""
+    return url if re.match(r"^(https?|ssh|git)://|^[\w.-]+@[\w.-]+:", url) else "unknown"
+
+
+def project_version() -> str:
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
+def provenance() -> dict[str, str]:
+    """The build arguments that label the image and record the commit (deploy/Dockerfile)."""
+    return {
+        "VERSION": project_version(),
+        "REVISION": source_revision(),
+        "SOURCE": source_url(),
+        "BUILD_EPOCH": git("log", "-1", "--format=%ct") or "",
+    }
+
+
+def build(image: str, build_args: dict[str, str], no_cache: bool = False) -> None:
     argv = ["podman", "build", "--file", str(DOCKERFILE), "--tag", image, "--layers"]
+    if no_cache:
+        argv.append("--no-cache")
     argv += [f"--build-arg={k}={v}" for k, v in build_args.items()]
     argv += [f"--label={SOURCE_LABEL}={source_digest()}", str(REPO)]
     log(f"podman build of {DOCKERFILE.relative_to(REPO)} into {image}; progress below")
@@ -370,7 +441,21 @@ print(json.dumps({
 """
 
 
-def report(image: str, seconds: float) -> None:
+def image_sbom(image: str) -> str:
+    """The bill of materials the image carries (deploy/Dockerfile's sbom stage)."""
+    printed = podman(
+        "run", "--rm", "--pull=never", "--entrypoint=/opt/ca-externalgrpc/bin/python", image,
+        "-c", f"import sys; sys.stdout.write(open({SBOM_IN_IMAGE!r}).read())",
+    )  # fmt: skip
+    return printed.stdout
+
+
+def labels(image: str) -> dict[str, str]:
+    found = podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout
+    return dict(json.loads(found) or {})
+
+
+def report(image: str, seconds: float, sbom_out: Path | None) -> None:
     size = int(podman("image", "inspect", "--format", "{{.Size}}", image).stdout.strip())
     found = podman(
         "run", "--rm", "--pull=never", "--entrypoint=/opt/ca-externalgrpc/bin/python", image, "-c", REPORT_SCRIPT
@@ -380,11 +465,23 @@ def report(image: str, seconds: float) -> None:
     mb = 1e6
     largest = ", ".join(f"{name} {bytes_ / mb:.1f}" for bytes_, name in inside["largest"])
     engine = inside["engine"]
+    oci = {k.removeprefix(OCI): v for k, v in labels(image).items() if k.startswith(OCI)}
+    sbom = image_sbom(image)
+    if sbom_out is not None:
+        sbom_out.parent.mkdir(parents=True, exist_ok=True)
+        sbom_out.write_text(sbom)
+    counts = sbom_summary(json.loads(sbom))
     print(f"image     {image}  ({size / mb:.1f} MB, make image took {seconds:.0f} s)")
+    print(f"labels    version {oci.get('version')}, revision {oci.get('revision')}, source {oci.get('source')}")
     print(
-        f"versions  Python {inside['python']}, ca-externalgrpc-server {inside['server']} ({version}), "
+        f"versions  Python {inside['python']}, ca-externalgrpc-server {inside['server']}, "
         f"ca-externalgrpc-native {inside['native']}; serving.engine auto serves with: {engine}"
     )
+    print("--version " + "\n          ".join(version.splitlines()))
+    where = (
+        f"; a copy in {sbom_out.relative_to(REPO) if sbom_out.is_relative_to(REPO) else sbom_out}" if sbom_out else ""
+    )
+    print(f"SBOM      {SBOM_IN_IMAGE} (CycloneDX): {counts}{where}")
     print(
         f"space MB  /usr {inside['usr'] / mb:.1f} (Python and the libraries it loads), /opt/ca-externalgrpc "
         f"{inside['venv'] / mb:.1f} (the server's virtualenv; largest: {largest}), /etc {inside['etc'] / mb:.1f}"
@@ -407,10 +504,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--refresh-bases", action="store_true", help="make the Debian bases anew")
     parser.add_argument("--cache-dir", type=Path, default=Path(os.environ.get("IMAGE_CACHE_DIR") or DEFAULT_CACHE_DIR))
+    parser.add_argument("--no-cache", action="store_true", help="build every layer anew (podman build --no-cache)")
+    parser.add_argument(
+        "--sbom-out", type=Path, default=DIST / "image.cdx.json", help="where to copy the image's bill of materials"
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     image = qualified(args.image)
     try:
+        try:
+            lock.check(REPO, who="make image")
+        except lock.LockError as err:
+            raise ImageBuildError(str(err).removeprefix("make image: ")) from None
         if args.bases == "debian":
             check_prerequisites(("podman", "runc", "mmdebstrap"))
             wheel = native_wheel()
@@ -420,8 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             check_prerequisites(("podman", "runc"))
             build_args = {}
-        build(image, build_args)
-        report(image, time.monotonic() - started)
+        build(image, {**build_args, **provenance()}, no_cache=args.no_cache)
+        report(image, time.monotonic() - started, args.sbom_out)
     except ImageBuildError as err:
         print(f"make image: {err}", file=sys.stderr)
         return 1

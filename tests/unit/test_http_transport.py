@@ -6,19 +6,14 @@ the backoff values can be checked exactly; timeouts use real sockets with short 
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import http.server
 import json
 import logging
 import socket
 import ssl
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,100 +38,9 @@ from providers.http_transport import (
     parse_retry_after,
     proxy_for,
 )
+from tests.support.scripted_http import Scripted, ScriptedServer
 
 SECRET = "0f1e2d3c-secret-token-value"
-
-
-@dataclass(frozen=True)
-class Scripted:
-    """One scripted answer of the test server."""
-
-    status: int = 200
-    body: Any = None  # dict/list => JSON; bytes => raw
-    headers: dict[str, str] = field(default_factory=dict)
-    content_type: str = "application/json"
-    delay: float = 0.0
-    drop: bool = False
-    body_delay: float = 0.0  # the headers and half the body go out at once, the rest after this
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-
-class ScriptedServer:
-    """Answers requests with the queued ``Scripted`` items in order; the last one repeats."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.script: list[Scripted] = [Scripted(body={"ok": True})]
-        self.seen: list[Seen] = []
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # keep pytest output clean
-                pass
-
-            def _serve(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
-                with outer._lock:
-                    outer.seen.append(
-                        Seen(self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                    )
-                    item = outer.script.pop(0) if len(outer.script) > 1 else outer.script[0]
-                if item.delay:
-                    time.sleep(item.delay)
-                if item.drop:
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                raw = (
-                    item.body
-                    if isinstance(item.body, bytes)
-                    else b""
-                    if item.body is None
-                    else json.dumps(item.body).encode()
-                )
-                self.send_response(item.status)
-                if raw:
-                    self.send_header("Content-Type", item.content_type)
-                self.send_header("Content-Length", str(len(raw)))
-                for name, value in item.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                if item.body_delay:
-                    self.wfile.write(raw[: len(raw) // 2])
-                    self.wfile.flush()
-                    time.sleep(item.body_delay)
-                    raw = raw[len(raw) // 2 :]
-                # A stalled body's client gives up (read timeout): what the test wants, not a traceback.
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(raw)
-
-            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        if tls is not None:
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-        self._thread.start()
-
-    def answer(self, *items: Scripted) -> None:
-        with self._lock:
-            self.script = list(items)
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 class RecordingMetrics:
@@ -492,6 +396,63 @@ def test_non_json_content_type_is_a_malformed_answer(server, sleeps):
     transport = make(server, sleeps)
     with pytest.raises(CloudUnavailable, match="malformed answer.*text/html"):
         transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Scripted(status=200),  # empty, no Content-Type
+        Scripted(status=204, headers={"Content-Type": "application/json"}),  # empty, a JSON type
+        Scripted(status=200, body=b"OK", content_type="text/plain"),
+        Scripted(status=202, body=b"<html>accepted</html>", content_type="text/html"),
+        Scripted(status=200, body=b'{"size": 3', content_type="application/json"),  # cut short
+    ],
+    ids=["empty-200", "empty-204-json", "text", "html-202", "invalid-json"],
+)
+@pytest.mark.parametrize("method", ["PATCH", "DELETE"])
+def test_a_write_answered_2xx_is_done_whatever_its_body(server, sleeps, answer, method, caplog):
+    # 2xx means the cloud applied it: an unreadable body must not report the change as failed (or unknown).
+    server.answer(answer)
+    metrics = RecordingMetrics()
+    transport = make(server, sleeps, breaker=BreakerSettings(failure_threshold=1))
+    transport.instrument(metrics)
+    caplog.set_level("INFO", logger="providers.http")
+    reply = transport.request(
+        method, "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 3}, body_optional=True
+    )
+    assert (reply.status, reply.body) == (answer.status, None)
+    assert len(server.seen) == 1 and sleeps == []
+    assert transport.breaker_state == "closed"
+    if answer.body:
+        assert "the call is done" in caplog.text
+
+
+def test_a_readable_write_answer_is_still_returned(server, sleeps):
+    server.answer(Scripted(body={"size": 3}))
+    transport = make(server, sleeps)
+    reply = transport.request("PATCH", "/p", endpoint="/p", deadline=deadline(), json_body={}, body_optional=True)
+    assert reply.body == {"size": 3}
+
+
+def test_a_429_says_the_rate_limiter_refused(server, sleeps):
+    # Scaleway's gateway: no body, no Content-Type, no Retry-After (docs/scaleway.md, "Evidence").
+    server.answer(Scripted(status=429, headers={"X-Envoy-Ratelimited": "true"}))
+    transport = make(server, sleeps, retry=RetryPolicy(attempts=2, base_delay=0.2))
+    with pytest.raises(CloudUnavailable, match=r"answered 429; the cloud's rate limiter refused it"):
+        transport.request("GET", "/x", endpoint="/x", deadline=deadline())
+    assert len(server.seen) == 2 and sleeps == [pytest.approx(0.1)]  # backoff, as no Retry-After came
+
+
+def test_a_refusal_carries_the_clouds_json_body(server, sleeps):
+    body = {"message": "resource is in a transient state", "current_state": "upgrading", "type": "transient_state"}
+    server.answer(Scripted(status=409, body=body))
+    with pytest.raises(CloudRequestRejected) as info:
+        make(server, sleeps).request("PATCH", "/p", endpoint="/p", deadline=deadline(), json_body={})
+    assert info.value.body == body
+    server.answer(Scripted(status=409, body=b"<html>conflict</html>", content_type="text/html"))
+    with pytest.raises(CloudRequestRejected) as info:
+        make(server, sleeps).request("PATCH", "/p", endpoint="/p", deadline=deadline(), json_body={})
+    assert info.value.body is None
 
 
 def test_json_with_charset_is_accepted(server, sleeps):

@@ -59,3 +59,56 @@ def test_the_runtime_keeps_the_closure_of_its_packages_by_installed_alternatives
     assert imagebuild.dependency_closure(packages, ["ca-certificates"]) == {"ca-certificates", "openssl", "cdebconf"}
     with pytest.raises(imagebuild.ImageBuildError, match="needs libssl3, which the bookworm base does not have"):
         imagebuild.dependency_closure(packages, ["python3", "libssl3"])
+
+
+def test_the_runtime_base_keeps_dpkgs_status_of_exactly_the_packages_it_keeps() -> None:
+    """Scanners and the image's bill of materials read the runtime's Debian packages from dpkg's status."""
+    status = (
+        "Package: libc6\nStatus: install ok installed\nVersion: 2.36\n\n"
+        "Package: perl-base\nStatus: install ok installed\nVersion: 5.36\nDescription: cut\n continued\n\n"
+        "Package: python3.11\nStatus: install ok installed\nVersion: 3.11.2\n"
+    )
+    kept = imagebuild.kept_status(status, {"libc6", "python3.11"})
+    assert kept == (
+        "Package: libc6\nStatus: install ok installed\nVersion: 2.36\n\n"
+        "Package: python3.11\nStatus: install ok installed\nVersion: 3.11.2\n\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("remote", "label"),
+    [
+        ("https://example.org/team/ca-externalgrpc-server.git", "https://example.org/team/ca-externalgrpc-server.git"),
+        ("git@example.org:team/ca-externalgrpc-server.git", "git@example.org:team/ca-externalgrpc-server.git"),
+        ("/work/main", "unknown"),  # a local clone's path means nothing to whoever runs the image
+        (None, "unknown"),
+    ],
+)
+def test_the_source_label_is_a_published_address_or_unknown(
+    monkeypatch: pytest.MonkeyPatch, remote: str | None, label: str
+) -> None:
+    monkeypatch.setattr(imagebuild, "git", lambda *args: remote)
+    assert imagebuild.source_url() == label
+
+
+def test_the_revision_is_the_commit_marked_dirty_with_changes_or_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = {("rev-parse", "HEAD"): "a" * 40, ("status", "--porcelain", "--untracked-files=no"): None}
+    monkeypatch.setattr(imagebuild, "git", lambda *args: answers[args])
+    assert imagebuild.source_revision() == "a" * 40
+    answers[("status", "--porcelain", "--untracked-files=no")] = " M server/cli.py"
+    assert imagebuild.source_revision() == "a" * 40 + "-dirty"
+    answers[("rev-parse", "HEAD")] = None
+    assert imagebuild.source_revision() == "unknown"
+
+
+def test_a_lock_behind_pyproject_stops_make_image_with_one_line_before_anything_is_built(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(imagebuild.lock, "problems", lambda root: ["uv.lock does not answer pyproject.toml"])
+    monkeypatch.setattr(imagebuild, "build", lambda *args, **kwargs: pytest.fail("built despite the lock"))
+    assert imagebuild.main(["--bases", "public"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "make image: the lock disagrees with pyproject.toml (uv.lock does not answer pyproject.toml): "
+        "run make lock, then commit pyproject.toml, uv.lock and requirements/"
+    )

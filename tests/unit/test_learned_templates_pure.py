@@ -159,6 +159,9 @@ class InMemoryAdapter:
         self.observed = observed
         return self.cloud_template
 
+    def same_machine_type(self, first: str, second: str) -> bool:
+        return first == second
+
     def read_group(self, group_id: str, deadline: Deadline) -> GroupState: ...
     def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None: ...
     def delete_instance(self, group: GroupState, inst: Instance, node: NodeRef, deadline: Deadline) -> None: ...

@@ -34,7 +34,13 @@ from providers.scaleway.client import (
 )
 from providers.scaleway.config import ScalewayConfig, parse_config
 from providers.scaleway.statuses import instance_status
-from providers.scaleway.templates import GPU_LABEL, parse_taints, pool_template
+from providers.scaleway.templates import (
+    GPU_LABEL,
+    instance_type,
+    parse_taints,
+    pool_template,
+    same_instance_type,
+)
 
 SECRET = "11111111-2222-3333-4444-555555555555"
 KEY = "backends[0].scaleway"
@@ -217,6 +223,48 @@ def test_observed_labels_fill_in_but_pool_labels_win():
     assert labels["k8s.scaleway.com/pool"] == "pool-1"
 
 
+@pytest.mark.parametrize(
+    ("node_type", "label"),
+    [
+        ("pro2_xxs", "PRO2-XXS"),  # the pools API's spelling (recorded), the node's label (recorded)
+        ("dev1_m", "DEV1-M"),
+        ("pop2_hc_2c_4g", "POP2-HC-2C-4G"),
+        ("l4_1_24g", "L4-1-24G"),
+        ("PRO2_XXS", "PRO2-XXS"),
+        ("DEV1-M", "DEV1-M"),  # already the commercial spelling: unchanged
+    ],
+)
+def test_the_instance_type_label_is_the_commercial_type_real_nodes_carry(node_type, label):
+    assert instance_type(node_type) == label
+    template = pool_template(make_pool(node_type=node_type), "fr-par")
+    assert template.labels["node.kubernetes.io/instance-type"] == label
+
+
+def test_no_other_source_changes_the_instance_type_label():
+    # Scaleway's cloud-controller-manager rewrites the label on every node: a pool label or a node's
+    # label with another spelling does not make the template's.
+    pool = make_pool(node_type="pro2_xxs", labels={"node.kubernetes.io/instance-type": "pro2_xxs"})
+    observed = {"node.kubernetes.io/instance-type": "pro2-xxs"}
+    assert pool_template(pool, "fr-par", observed).labels["node.kubernetes.io/instance-type"] == "PRO2-XXS"
+
+
+def test_spellings_of_one_node_type_are_the_same_machine_type():
+    assert same_instance_type("pro2_xxs", "PRO2-XXS")
+    assert same_instance_type("PRO2_XXS", "pro2-xxs")
+    assert not same_instance_type("pro2_xxs", "PRO2-XS")
+    adapter = ScalewayAdapter(ScalewayConfig(cluster_id="c", secret_key=SECRET))
+    try:
+        assert adapter.same_machine_type("dev1_m", "DEV1-M") and not adapter.same_machine_type("dev1_m", "DEV1-L")
+    finally:
+        adapter.close()
+
+
+def test_the_arch_and_gpu_type_read_the_pools_api_spelling_too():
+    assert pool_template(make_pool(node_type="coparm1_4c_16g"), "fr-par").labels["kubernetes.io/arch"] == "arm64"
+    gpu = make_pool(node_type="l4_1_24g", capacity={"cpu": 8, "nvidia.com/gpu": 1})
+    assert pool_template(gpu, "fr-par").labels[GPU_LABEL] == "l4-1-24g"
+
+
 def test_pool_without_resources_has_no_template():
     assert pool_template(make_pool(capacity={}, allocatable={}), "fr-par") is None
 
@@ -337,11 +385,20 @@ def test_quota_403_is_not_an_auth_failure():
     assert not is_auth_failure(403, {"type": "quotas_exceeded"})
 
 
+def test_list_form_taints_of_the_public_pool_shape_are_read():
+    # The public pool endpoint answers a list of {key, value, effect}; the autoscaler one a map.
+    raw = {"id": "p", "size": 0, "min_size": 0, "max_size": 2}
+    listed = [{"key": "a", "value": "x", "effect": "NoSchedule"}, {"key": "b", "value": "", "effect": "NoExecute"}]
+    assert _parse_pool({**raw, "taints": listed}).taints == {"a": "x:NoSchedule", "b": "NoExecute"}
+
+
 def test_pool_json_type_clash_is_a_malformed_answer():
     good = {"id": "p", "size": 1, "min_size": 0, "max_size": 2, "taints": {"a": "NoSchedule"}, "created_at": None}
     assert _parse_pool(good).taints == {"a": "NoSchedule"}
     with pytest.raises(CloudUnavailable, match="malformed"):
-        _parse_pool({**good, "taints": [{"key": "a", "effect": "NoSchedule"}]})
+        _parse_pool({**good, "taints": "a=NoSchedule"})
+    with pytest.raises(CloudUnavailable, match="malformed"):
+        _parse_pool({**good, "taints": [{"value": "x", "effect": "NoSchedule"}]})  # a taint without a key
     with pytest.raises(CloudUnavailable, match="size"):
         _parse_pool({**good, "size": "3"})
     with pytest.raises(CloudUnavailable, match="'id' is missing"):

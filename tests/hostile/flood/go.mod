@@ -1,0 +1,3 @@
+module httpflood
+
+go 1.26.0
