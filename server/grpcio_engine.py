@@ -8,6 +8,7 @@ logs do not depend on the engine. Health and reflection are grpcio's own service
 
 from __future__ import annotations
 
+import socket
 import threading
 from concurrent import futures
 from typing import Any
@@ -17,6 +18,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server.config import ServerConfig, ServingConfig
+from server.http_server import ipv4_only_guard
 from server.rpc import MAX_ANSWER_BYTES, Code, Dispatcher
 
 #: grpc.StatusCode by our numbers
@@ -42,6 +44,7 @@ class GrpcioEngine:
         self._address = ""
         self._credentials: grpc.ServerCredentials | None = None
         self._swap = threading.Lock()
+        self._ipv4_only: socket.socket | None = None  # on 0.0.0.0: keeps grpc core off IPv6 while serving
         self._stopping = False  # under _swap: once stop() began, drop_connections starts no server
 
     def _new_server(self) -> grpc.Server:
@@ -55,7 +58,14 @@ class GrpcioEngine:
         return server
 
     def bind(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
-        """Add the listening port (0 when grpcio could not bind it); the kernel's port for port 0."""
+        """Add the listening port (0 when grpcio could not bind it); the kernel's port for port 0.
+
+        On ``0.0.0.0`` a guard socket keeps grpc core off IPv6 (``ipv4_only_guard``), as on the other ports.
+        """
+        host, port = address.rsplit(":", 1)
+        self._ipv4_only = ipv4_only_guard(host, int(port))
+        if self._ipv4_only is not None:
+            address = f"{host}:{self._ipv4_only.getsockname()[1]}"
         self.port = self._add_port(self.server, address, credentials)
         if self.port:
             self._address = f"{address.rsplit(':', 1)[0]}:{self.port}"
@@ -106,6 +116,8 @@ class GrpcioEngine:
             self._stopping = True
             server = self.server
         server.stop(grace).wait(grace + 1)
+        if self._ipv4_only is not None:
+            self._ipv4_only.close()
 
 
 def channel_options(serving: ServingConfig) -> list[tuple[str, int]]:

@@ -124,6 +124,27 @@ def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=backlog)
 
 
+def ipv4_only_guard(host: str, port: int) -> socket.socket | None:
+    """For the grpcio engine on ``0.0.0.0``: a socket that keeps grpc core off IPv6, else None.
+
+    grpc core reads any wildcard, ``0.0.0.0`` included, as "both families": it first binds ``[::]``
+    dual-stack and falls back to ``0.0.0.0`` only when that fails. This socket, bound IPv6-only to
+    ``[::]:port`` and never listening, makes that first bind fail, so grpc core listens on IPv4 alone
+    as the operator wrote. Keep it open while the port is served; with ``port`` 0 its port is the one to
+    give grpcio. None on other hosts, or where the machine has no IPv6 (nothing to keep off).
+    """
+    if host.strip("[]") != "0.0.0.0" or not socket.has_ipv6:
+        return None
+    guard = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    try:
+        guard.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        guard.bind(("::", port))
+    except OSError:
+        guard.close()
+        return None
+    return guard
+
+
 class BoundedHttpServer:
     """Serves ``routes`` on ``host:port`` in a daemon thread; ``.port`` is the bound port (with port 0).
 

@@ -350,7 +350,9 @@ def venv_without_the_native_engine(where: Path) -> Path:
     for entry in source.iterdir():
         if not entry.name.startswith("ca_externalgrpc_native"):
             (target / entry.name).symlink_to(entry)
-    (venv / ".installed").touch()  # the Makefile's stamp: its pip step is done
+    # The Makefile's stamps, oldest first: the locked dependencies are in, then the project's own step is done.
+    (venv / ".locked-deps").touch()
+    (venv / ".installed").touch()
     return venv
 
 

@@ -1,13 +1,12 @@
 """Which addresses each port answers on, for the listen forms an operator writes (both engines: make test
 runs tests/integration once per engine). ``[::]`` is every address, IPv6 and IPv4 alike (the kubelet
 probes the pod's IPv4 address), ``0.0.0.0`` every IPv4 address, a loopback address only itself; the gRPC
-port and the probe/metrics port follow the same rule (docs/operations.md, "listen" and "http_listen"),
-with one exception: grpc core, under the grpcio engine's gRPC port, takes ``0.0.0.0`` for "every address"
-and listens on IPv6 too (no grpcio option binds a wildcard to one family)."""
+port and the probe/metrics port follow the same rule (docs/operations.md, "listen" and "http_listen"). On
+the grpcio engine grpc core would take ``0.0.0.0`` for both families; a guard socket holds ``[::]`` of the
+port IPv6-only so that it listens on IPv4 alone (server/http_server.py, ``ipv4_only_guard``)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import urllib.request
 
@@ -17,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from devstack.certs import make_pki
 from devstack.clouds import scaleway_backend
-from devstack.harness import ENGINE_ENV, ServerProcess, client_credentials, server_config
+from devstack.harness import ServerProcess, client_credentials, server_config
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
 
@@ -70,10 +69,8 @@ def test_each_port_answers_on_the_addresses_its_host_names(tmp_path, host, answe
         server = ServerProcess(raw, workdir=tmp_path, listen=f"{host}:0", http_listen=f"{host}:0")
         try:
             credentials = client_credentials(pki)
-            grpcio = os.environ.get(ENGINE_ENV) == "grpcio"
             for address, expected in ((IPV4, answers_ipv4), (IPV6, answers_ipv6)):
-                grpc_expected = expected or (grpcio and host == "0.0.0.0")  # grpc core's wildcard (above)
-                assert _grpc_serving(address, server.grpc_port, credentials) is grpc_expected, (host, address, "gRPC")
+                assert _grpc_serving(address, server.grpc_port, credentials) is expected, (host, address, "gRPC")
                 assert _http_healthy(address, server.http_port) is expected, (host, address, "HTTP")
         finally:
             server.stop()

@@ -166,7 +166,8 @@ def start(server_user: ServerUser, tmp_path: Path) -> Iterator[Callable[..., Set
 
 
 def provider_ids(sim: ScalewaySimulator) -> list[str]:
-    return sorted(n.provider_id for n in sim.nodes_of(POOL))
+    """The pool's nodes that have an instance (a node being created is listed with provider_id "")."""
+    return sorted(n.provider_id for n in sim.nodes_of(POOL) if n.provider_id)
 
 
 def increase(setup: Setup, delta: int) -> grpc.RpcError | None:

@@ -42,8 +42,7 @@ VERSION_PLACES: tuple[tuple[str, str], ...] = (
     ("native/Cargo.lock", r'name = "ca-externalgrpc-native"\nversion = "([^"]+)"'),
     ("server/from_in_tree.py", r'SIDECAR_IMAGE = "ca-externalgrpc-server:([^"]+)"'),
     ("providers/scaleway/client.py", r'PROJECT_USER_AGENT = "ca-externalgrpc-server/([^"]+)"'),
-    ("deploy/kubernetes/base/kustomization.yaml", r"name: ca-externalgrpc-server\n.*\n\s+newTag: (\S+)"),
-    ("deploy/kubernetes/server-mtls/kustomization.yaml", r"name: ca-externalgrpc-server\n.*\n\s+newTag: (\S+)"),
+    ("deploy/kubernetes/components/images/kustomization.yaml", r"name: ca-externalgrpc-server\n.*\n\s+newTag: (\S+)"),
     ("deploy/helm/values-sidecar.yaml", r"image: ca-externalgrpc-server:(\S+)"),
 )
 #: the Bizfly client's User-Agent names the major and minor version only

@@ -53,7 +53,7 @@ def edit(path: Path, old: str, new: str) -> None:
 @pytest.mark.parametrize(
     ("old", "new"),
     [
-        ('"msgspec>=0.18,<1",', '"msgspec>=0.18,<1", "h11>=0.14",'),  # a new dependency
+        ('"msgspec>=0.18,<1",', '"msgspec>=0.18,<1", "toolz>=0.12",'),  # a new dependency, in no lock
         ('"grpcio>=1.85,<2"', '"grpcio>=1.999,<2"'),  # a range the locked version is outside of
         ('"pytest>=8",\n', ""),  # a development tool dropped
     ],
