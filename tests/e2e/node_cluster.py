@@ -47,6 +47,7 @@ import pytest
 from devstack.clouds import BIZFLY_REGION, bizfly_in_tree_env
 from devstack.container import default_image, image_problem
 from devstack.harness import SCW_SECRET
+from server.from_in_tree import SIDECAR_IMAGE
 from simulators.bizfly import BizflySimulator
 from simulators.scaleway import ScalewaySimulator
 from tests.e2e.autoscaler import AutoscalerLog, LogEntry
@@ -64,9 +65,10 @@ from tests.support.nodeimages import image_problem as node_image_problem
 SIMULATED_TAINT = {"key": "ca-externalgrpc.e2e/simulated", "value": "true", "effect": "NoSchedule"}
 SCALEWAY_PRODUCTION_HOST = "api.scaleway.com"
 #: the names the shipped layouts give the two images (the chart's default CA image; deploy/helm and
-#: deploy/kubernetes name ours so)
+#: deploy/kubernetes name ours as from-in-tree does, with the release's version, which make release
+#: checks in every one of those places)
 CA_IMAGE_NAME = "registry.k8s.io/autoscaling/cluster-autoscaler:v1.36.1"
-SERVER_IMAGE_NAME = "ca-externalgrpc-server:0.1.0"
+SERVER_IMAGE_NAME = SIDECAR_IMAGE
 NAMESPACE = "kube-system"
 #: where a pod finds the cluster CA bundle (with the interception CA in it, see the module docstring)
 POD_CA_BUNDLE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
