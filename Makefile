@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-image kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -133,12 +133,25 @@ conformance: build
 # End-to-end: the real cluster-autoscaler 1.36.1 with etcd, kube-apiserver and kube-scheduler against
 # our server and the simulated clouds, every scenario (tests/e2e/README.md). make test runs the smoke.
 # (bench: the upstream example server, which the smoke of make bench-ca runs against the real CA too.)
+# (The scenarios on a real node have their own target, make node-e2e.)
 E2E_STEADY_SECONDS ?= 180
 # Rounds of the split-brain scenario (tests/e2e/test_failover.py), each variant; make test runs one round.
 E2E_PARTITION_ROUNDS ?= 10
 e2e: GO_BUILD_GROUPS = e2e bench
 e2e: build
-	$(PY) -m pytest -q tests/e2e --e2e --steady-seconds=$(E2E_STEADY_SECONDS) --partition-rounds=$(E2E_PARTITION_ROUNDS)
+	$(PY) -m pytest -q tests/e2e --e2e -m "not node" --steady-seconds=$(E2E_STEADY_SECONDS) --partition-rounds=$(E2E_PARTITION_ROUNDS)
+
+# Our layouts on a real node (kubelet, containerd, kube-proxy, CoreDNS in namespaces of their own):
+# every Helm values file with the official chart and every kustomize overlay, deployed as an operator
+# does and driven by the real CA; the Service path with two replicas; probes, mounts and rotations
+# (tests/e2e/README.md, "A real node"). Root, podman and runc needed; make test runs the sidecar smoke.
+node-e2e: GO_BUILD_GROUPS = e2e node deploy
+node-e2e: build image node-images
+	$(PY) -m pytest -q tests/e2e --e2e -m node
+
+# The images the real node runs besides ours: the CA 1.36.1 binary and the pod sandbox's (tests/support/nodeimages.py).
+node-images: build image
+	@$(PY) -m tests.support.nodeimages
 
 # The e2e smoke's scale-up and scale-down with the server as the container image (tests/e2e/test_image.py,
 # needs podman). make test runs it too whenever podman is installed.
@@ -160,10 +173,11 @@ native-test: install
 # Every test with the default serving engine (native), then the gRPC tests (tests/integration, which
 # runs the conformance lab too) and the probe-port hostile suite again on the pure-Python engine
 # (grpcio); tests/hostile/test_grpc_port.py runs both engines itself, side by side. The wheels are built
-# first for tests/install's pip installation, and, when podman is installed, the image for the container
-# tests (tests/install, tests/e2e/test_image.py); without podman those are skipped.
+# first for tests/install's pip installation, and, when podman is installed, the images for the container
+# tests (tests/install, tests/e2e/test_image.py) and the real node's smoke (tests/e2e/test_node_smoke.py);
+# without podman those are skipped.
 PODMAN := $(shell command -v podman 2>/dev/null)
-test: build native-test wheels $(if $(PODMAN),image)
+test: build native-test wheels $(if $(PODMAN),image node-images)
 	$(PY) -m pytest -q tests
 	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py tests/hostile/test_http_fuzz.py
 

@@ -26,7 +26,7 @@ from server.clouds import cloud_type
 from server.config import ServerConfig
 from server.diagnosis import DiagnosticsService
 from server.group_overrides import UnmatchedOverrideCheck
-from server.http_server import BoundedHttpServer
+from server.http_server import BoundedHttpServer, bindable_host
 from server.kube.integration import KubeFeatures, start_features
 from server.kube.leader import Leadership
 from server.metrics import GRPC_BUCKETS, Metrics
@@ -349,10 +349,10 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:
-            running.http = serve_probes(*config.http_listen, running)
+            http_host, http_port = config.http_listen
+            running.http = serve_probes(bindable_host(http_host, "http_listen"), http_port, running)
         except OSError as err:
             engine.stop(0)
-            http_host, http_port = config.http_listen
             raise ListenError(
                 "http_listen", _join(http_host, http_port), "the HTTP probes and /metrics", _bind_reason(err)
             ) from None
@@ -439,6 +439,7 @@ def choose_engine(setting: str) -> str:
 def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
     """Bind the CA-facing port with the native front (TLS as on the grpcio engine)."""
     host, port = config.listen
+    host = bindable_host(host, "listen")
     tls = _tls_files(config)
     services = (SERVICE, DIAGNOSTICS_SERVICE, HEALTH_SERVICE, REFLECTION_SERVICE)
     problem = _bind_problem(host, port)
@@ -471,6 +472,7 @@ def _start_grpcio(config: ServerConfig, dispatcher: Dispatcher) -> GrpcioEngine:
     tls = _tls_files(config)
     engine = grpcio_engine.GrpcioEngine(config, dispatcher, SERVICE_NAME)
     host, port = config.listen
+    host = bindable_host(host, "listen")
     bind = _join(host, port)
     problem = _bind_problem(host, port)
     if problem is None:

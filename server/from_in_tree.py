@@ -76,10 +76,10 @@ BIZFLY_ORIGINS = {
 
 # The layouts as deploy/ ships them (tests/unit/test_from_in_tree.py keeps the two equal).
 SERVER_SETTINGS: Mapping[str, Mapping[str, Any]] = {
-    "sidecar": {"listen": "127.0.0.1:8086", "http_listen": "0.0.0.0:8087", "shutdown_grace": "15s"},
+    "sidecar": {"listen": "127.0.0.1:8086", "http_listen": "[::]:8087", "shutdown_grace": "15s"},
     "service": {
-        "listen": "0.0.0.0:8086",
-        "http_listen": "0.0.0.0:8087",
+        "listen": "[::]:8086",
+        "http_listen": "[::]:8087",
         "tls": {
             "cert": "/etc/ca-externalgrpc/tls/tls.crt",
             "key": "/etc/ca-externalgrpc/tls/tls.key",

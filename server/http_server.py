@@ -114,6 +114,30 @@ class _RouteState:
     waiting: list[_Connection] = field(default_factory=list)
 
 
+def ipv6_available() -> bool:
+    """Whether this machine can open an IPv6 socket at all (no: a kernel booted with ``ipv6.disable=1``)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::", 0))
+    except OSError:
+        return False
+    return True
+
+
+def bindable_host(host: str, setting: str) -> str:
+    """The host to bind for ``host``: ``::`` (every address) becomes ``0.0.0.0`` where the machine has no
+    IPv6, said once in a warning naming the setting, so ``[::]`` is safe to ship for IPv4-only, dual-stack
+    and IPv6-first clusters alike. Any other host is returned as it is."""
+    if host.strip("[]") not in ("", "::") or ipv6_available():
+        return host
+    log.warning(
+        "%s: this machine has no IPv6; listening on every IPv4 address (0.0.0.0) instead of [::]",
+        setting,
+        extra={"setting": setting},
+    )
+    return "0.0.0.0"
+
+
 def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
     """A listening socket on ``host:port``: ``::`` (or an empty host) is every IPv6 *and* IPv4 address,
     ``0.0.0.0`` every IPv4 one, anything else that address alone. ``OSError`` when it cannot bind."""

@@ -73,11 +73,14 @@ class BizflySimulator:
             on_advance=self.advance,
             state=self.snapshot,
         )
+        # The base of the URLs the service catalog hands out: this server's own, unless a client reaches it
+        # under another name (a test's interception proxy answering for the production host).
+        self.catalog_base_url: str | None = None
         self._api = BizflyApi(
             self.state,
             self.tokens,
             self.catalog,
-            lambda: self._server.url,
+            lambda: self.catalog_base_url or self._server.url,
         )
         self._api.register(self._server)
         self._register_control_routes()

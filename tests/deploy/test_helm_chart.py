@@ -197,7 +197,7 @@ def test_sidecar_probes_use_the_servers_http_port_reachable_by_the_kubelet(sourc
     config_path = next(a.split("=", 1)[1] for a in server["args"] if a.startswith("--config="))
     config = configmap_file(docs, mounted(docs, server, config_path.rsplit("/", 1)[0]), "config.yaml")
     host, port = parse_address("http_listen", config["http_listen"])
-    assert host == "0.0.0.0", "the kubelet probes the pod IP"
+    assert host == "::", "every address of both families: the kubelet probes the pod IP, IPv4 or IPv6"
     paths = {}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert port_number(server, server[probe]["httpGet"]["port"]) == port, probe

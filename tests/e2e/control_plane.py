@@ -6,7 +6,8 @@ authenticates clients by certificates signed by a CA generated for the run and a
 as a real cluster does: the admin certificate is in system:masters, and ``user_kubeconfig`` mints a
 certificate for any other user, who can do only what Roles bound to it allow. Everything (certificates,
 service-account key, etcd data) lives in the run's work folder. Admission plugins that need a
-controller-manager (ServiceAccount tokens) are disabled.
+controller-manager (ServiceAccount tokens) are disabled, unless the plane is started for a real node
+(``NodeAccess``, tests/e2e/node_cluster.py), which runs kube-controller-manager beside it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ class ControlPlanePrograms:
 
 
 @dataclass(frozen=True)
+class NodeAccess:
+    """What a control plane with a real node (tests/e2e/node.py) needs besides the defaults: the address
+    its pods reach the API server at (advertised as the ``kubernetes`` Service's endpoint), and the names
+    and addresses its serving certificate must carry for them. With it the ServiceAccount admission
+    plugin stays on: pods get their projected token, issued through the TokenRequest API."""
+
+    advertise_address: str
+    serving_hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ClusterPki:
     ca_key: Path
     ca_cert: Path
@@ -61,12 +73,13 @@ class ClusterPki:
     service_account_pub: Path
 
 
-def make_cluster_pki(directory: Path) -> ClusterPki:
-    """A cluster CA, the API server's serving certificate and an admin client certificate (system:masters)."""
+def make_cluster_pki(directory: Path, serving_hosts: tuple[str, ...] = ()) -> ClusterPki:
+    """A cluster CA, the API server's serving certificate (for loopback and ``serving_hosts``) and an admin
+    client certificate (system:masters)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = new_ca("e2e cluster CA")
     serving_key, serving_cert = new_leaf(
-        ca_key, ca_cert, "kube-apiserver", ExtendedKeyUsageOID.SERVER_AUTH, ("localhost", "127.0.0.1")
+        ca_key, ca_cert, "kube-apiserver", ExtendedKeyUsageOID.SERVER_AUTH, ("localhost", "127.0.0.1", *serving_hosts)
     )
     # system:masters: the group kube-apiserver grants everything, so the admin needs no RBAC objects.
     admin_key, admin_cert = new_leaf(
@@ -117,14 +130,20 @@ class ControlPlane:
     """etcd + kube-apiserver + kube-scheduler, started in that order, stopped in reverse."""
 
     def __init__(
-        self, programs: ControlPlanePrograms, workdir: Path, scheduler: bool = True, audit: bool = False
+        self,
+        programs: ControlPlanePrograms,
+        workdir: Path,
+        scheduler: bool = True,
+        audit: bool = False,
+        nodes: NodeAccess | None = None,
     ) -> None:
         self.programs = programs
+        self.nodes = nodes
         self.with_scheduler = scheduler
         # The audit log: which requests each user made (``audit_events``), e.g. to count a client's reads.
         self.audit_log: Path | None = workdir / "logs" / "audit.jsonl" if audit else None
         self.workdir = workdir
-        self.pki = make_cluster_pki(workdir / "pki")
+        self.pki = make_cluster_pki(workdir / "pki", nodes.serving_hosts if nodes else ())
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.scheduler: ManagedProcess | None = None
@@ -185,7 +204,7 @@ class ControlPlane:
                     str(self.programs.kube_apiserver),
                     f"--etcd-servers={etcd_url}",
                     "--bind-address=127.0.0.1",
-                    "--advertise-address=127.0.0.1",
+                    f"--advertise-address={self.nodes.advertise_address if self.nodes else '127.0.0.1'}",
                     f"--secure-port={port}",
                     f"--tls-cert-file={pki.serving_cert}",
                     f"--tls-private-key-file={pki.serving_key}",
@@ -195,7 +214,7 @@ class ControlPlane:
                     f"--service-account-key-file={pki.service_account_pub}",
                     f"--service-account-signing-key-file={pki.service_account_key}",
                     "--service-cluster-ip-range=10.96.0.0/24",
-                    "--disable-admission-plugins=ServiceAccount",
+                    *([] if self.nodes else ["--disable-admission-plugins=ServiceAccount"]),
                     f"--cert-dir={self.workdir / 'apiserver-certs'}",
                     "--v=1",
                     *self._audit_flags(),

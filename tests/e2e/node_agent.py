@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -227,9 +227,16 @@ class NodeAgent:
     """
 
     def __init__(
-        self, api: k8s.ApiClient, sources: Sequence[CloudSource], interval: float = 0.5, workers: int = 8
+        self,
+        api: k8s.ApiClient,
+        sources: Sequence[CloudSource],
+        interval: float = 0.5,
+        workers: int = 8,
+        real_nodes: Collection[str] = (),
     ) -> None:
         self.core = k8s.CoreV1Api(api)
+        # Nodes a real kubelet runs (tests/e2e/node.py): never removed, their pods never touched.
+        self.real_nodes = frozenset(real_nodes)
         self.sources = list(sources)
         self.interval = interval
         self.record = AgentRecord()
@@ -315,7 +322,7 @@ class NodeAgent:
                 self.record.nodes_ready.setdefault(name, time.time())
         self._each(missing, self._register)
         self._each(changed, self._update)
-        self._each([name for name in nodes if name not in machines], self._remove)
+        self._each([name for name in nodes if name not in machines and name not in self.real_nodes], self._remove)
         self._run_pods(set(machines))
         self.passes += 1
 
@@ -383,6 +390,8 @@ class NodeAgent:
         pods = self._list(self.core.list_pod_for_all_namespaces, field_selector="spec.nodeName!=")
         gone, starting = [], []
         for pod in pods:
+            if pod["spec"]["nodeName"] in self.real_nodes:
+                continue
             if pod["metadata"].get("deletionTimestamp") or pod["spec"]["nodeName"] not in node_names:
                 gone.append(pod)
             elif pod.get("status", {}).get("phase") == "Pending":

@@ -12,11 +12,12 @@ Which binaries exist is declared next to the code. Every Go module directory und
     package = "."                # or a full import path, e.g. "k8s.io/autoscaler/cluster-autoscaler"
     tags = ["externalgrpc"]      # optional build tags
     groups = ["conformance"]     # the suites that need it: conformance, e2e, bench, deploy, ...
+    ldflags = ["-X k8s.io/component-base/version.gitVersion=v1.36.2"]   # optional linker flags
 
 Binaries go to ``$GO_CACHE_DIR/bin`` (default ``~/.cache/ca-externalgrpc-go/bin``); Go's own build and
 module caches stay where ``go env`` says. A binary is rebuilt only when its stamp changes: a hash of
 every file of its module directory (go.mod and go.sum included) and of the directories its go.mod
-replaces locally, its package and tags, and ``go version``.
+replaces locally, its package, tags and linker flags, and ``go version``.
 
 The cluster-autoscaler modules from 1.35 on are not on the public Go module proxy. ``CA_MODULE_PROXY``
 names a Go module proxy directory that serves them (default: ``shared/goproxy`` beside the repository
@@ -98,6 +99,7 @@ class Binary:
     package: str
     tags: tuple[str, ...]
     groups: tuple[str, ...]
+    ldflags: tuple[str, ...] = ()
 
     @property
     def manifest(self) -> Path:
@@ -148,9 +150,9 @@ def _read_manifest(manifest: Path) -> list[Binary]:
         raise BuildManifestError(f"{where} declares no [[binary]] table")
     binaries = []
     for entry in entries:
-        unknown = set(entry) - {"name", "package", "tags", "groups"}
+        unknown = set(entry) - {"name", "package", "tags", "groups", "ldflags"}
         name, package = entry.get("name"), entry.get("package")
-        tags, groups = entry.get("tags", []), entry.get("groups")
+        tags, groups, ldflags = entry.get("tags", []), entry.get("groups"), entry.get("ldflags", [])
         if unknown:
             raise BuildManifestError(f"{where}: unknown key(s) {sorted(unknown)} in a [[binary]] table")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
@@ -161,7 +163,9 @@ def _read_manifest(manifest: Path) -> list[Binary]:
             raise BuildManifestError(f"{where}: binary {name!r}: tags must be a list of strings")
         if not _strings(groups) or not groups:
             raise BuildManifestError(f'{where}: binary {name!r} needs groups, e.g. groups = ["conformance"]')
-        binaries.append(Binary(name, manifest.parent, package, tuple(tags), tuple(groups)))
+        if not _strings(ldflags):
+            raise BuildManifestError(f"{where}: binary {name!r}: ldflags must be a list of strings")
+        binaries.append(Binary(name, manifest.parent, package, tuple(tags), tuple(groups), tuple(ldflags)))
     return binaries
 
 
@@ -296,6 +300,8 @@ def module_files(directory: Path) -> Iterator[Path]:
 def stamp(binary: Binary, version: str) -> str:
     digest = hashlib.sha256()
     digest.update(f"{binary.package}\0{','.join(binary.tags)}\0{version}\0".encode())
+    if binary.ldflags:  # (a binary without them keeps the stamp it had before ldflags existed)
+        digest.update(f"ldflags\0{' '.join(binary.ldflags)}\0".encode())
     for directory in [binary.module_dir, *local_replace_dirs(binary.module_dir)]:
         for path in module_files(directory):
             digest.update(_relative(path).encode() + b"\0")
@@ -317,6 +323,8 @@ def _reproduce_command(binary: Binary, output: str = "/dev/null") -> str:
     argv = ["go", "build", "-o", output]
     if binary.tags:
         argv += ["-tags", ",".join(binary.tags)]
+    if binary.ldflags:
+        argv += ["-ldflags", " ".join(binary.ldflags)]
     argv.append(binary.package)
     return f"cd {binary.where} && {shlex.join(argv)}"
 
@@ -383,6 +391,8 @@ def build(binary: Binary, go: str, output: Path, say: Callable[[str], None] = pr
     argv = [go, "build", "-v", "-o", str(tmp)]
     if binary.tags:
         argv += ["-tags", ",".join(binary.tags)]
+    if binary.ldflags:
+        argv += ["-ldflags", " ".join(binary.ldflags)]
     argv.append(binary.package)
     started = time.monotonic()
     progress = _Progress(binary.name, say)

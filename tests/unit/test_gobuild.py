@@ -85,6 +85,7 @@ def test_select_by_group_and_name(repo: Path) -> None:
         ('[[binary]]\nname = "a"\ngroups = ["e2e"]\n', "needs a package"),
         ('[[binary]]\nname = "a"\npackage = "."\n', "needs groups"),
         ('[[binary]]\nname = "a"\npackage = "."\ngroups = ["e2e"]\ntag = ["x"]\n', r"unknown key\(s\) \['tag'\]"),
+        ('[[binary]]\nname = "a"\npackage = "."\ngroups = ["e2e"]\nldflags = "-s"\n', "ldflags must be a list"),
         ('name = "a"\n', r"declares no \[\[binary\]\]"),
         ("[[binary]\n", "not valid TOML"),
     ],
@@ -133,6 +134,8 @@ def test_stamp_follows_module_sources_local_replaces_tags_and_go(repo: Path) -> 
     assert gobuild.stamp(client, "go version go1.27.0 linux/amd64") != after_sum
     retagged = gobuild.Binary(client.name, client.module_dir, client.package, ("y",), client.groups)
     assert gobuild.stamp(retagged, GO_VERSION) != after_sum
+    versioned = gobuild.Binary(client.name, client.module_dir, client.package, client.tags, client.groups, ("-X a=b",))
+    assert gobuild.stamp(versioned, GO_VERSION) not in (after_sum, gobuild.stamp(retagged, GO_VERSION))
 
 
 def test_local_replaces_are_followed_transitively(repo: Path) -> None:
@@ -280,6 +283,24 @@ def test_failure_hints_come_from_gos_words(repo: Path, output: str, hint: str) -
 
 def test_reproduce_command_carries_the_tags(repo: Path) -> None:
     assert gobuild._reproduce_command(_client(repo)) == "cd tests/client && go build -o /dev/null -tags x ."
+
+
+def test_linker_flags_are_read_and_passed_as_one_ldflags_argument(repo: Path) -> None:
+    write(
+        repo / "tests/client/build.toml",
+        '[[binary]]\nname = "client"\npackage = "."\ngroups = ["e2e"]\n'
+        'ldflags = ["-X k8s.io/component-base/version.gitVersion=v1.36.2",\n'
+        '           "-X k8s.io/component-base/version.gitMajor=1"]\n',
+    )
+    client = _client(repo)
+    assert client.ldflags == (
+        "-X k8s.io/component-base/version.gitVersion=v1.36.2",
+        "-X k8s.io/component-base/version.gitMajor=1",
+    )
+    assert gobuild._reproduce_command(client) == (
+        "cd tests/client && go build -o /dev/null -ldflags "
+        "'-X k8s.io/component-base/version.gitVersion=v1.36.2 -X k8s.io/component-base/version.gitMajor=1' ."
+    )
 
 
 def test_progress_counts_compiled_packages_and_downloads() -> None:
