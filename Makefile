@@ -135,9 +135,11 @@ conformance: build
 # (bench: the upstream example server, which the smoke of make bench-ca runs against the real CA too.)
 # (The scenarios on a real node have their own target, make node-e2e.)
 E2E_STEADY_SECONDS ?= 180
+# Rounds of the split-brain scenario (tests/e2e/test_failover.py), each variant; make test runs one round.
+E2E_PARTITION_ROUNDS ?= 10
 e2e: GO_BUILD_GROUPS = e2e bench
 e2e: build
-	$(PY) -m pytest -q tests/e2e --e2e -m "not node" --steady-seconds=$(E2E_STEADY_SECONDS)
+	$(PY) -m pytest -q tests/e2e --e2e -m "not node" --steady-seconds=$(E2E_STEADY_SECONDS) --partition-rounds=$(E2E_PARTITION_ROUNDS)
 
 # Our layouts on a real node (kubelet, containerd, kube-proxy, CoreDNS in namespaces of their own):
 # every Helm values file with the official chart and every kustomize overlay, deployed as an operator

@@ -57,7 +57,7 @@ from providers.model import (
     NodeRef,
     NodeTemplate,
 )
-from providers.node_labels import GroupLabels, machine_names
+from providers.node_labels import GroupLabels, LabelAgreement, machine_names
 from providers.single_flight import Flight, SingleFlight
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,7 @@ class Backend:
         self._snapshot = Snapshot.empty()
         self._books: dict[str, GroupBook] = {}
         self._observed_labels: dict[str, Mapping[str, str]] = {}
+        self._label_agreements: dict[str, LabelAgreement] = {}  # group id -> what its nodes' labels agree on
         self._learned: dict[str, LearnedTemplate] = {}  # group id -> template of its last real Ready node
         self._learned_generation = 0  # bumped on every change of _learned (part of template_key)
         # group id -> (template_key, template, source): the last answer of _template_and_source
@@ -529,6 +530,10 @@ class Backend:
         Returns True when they differ from what was known (so cached templates must be rebuilt).
         """
         kept = self._group_labels.keep(labels, machine_names(node_name, provider_id))
+        # A label whose value differs between the group's nodes, or over time, does not describe the group.
+        agreement = self._label_agreements.setdefault(group_id, LabelAgreement())
+        agreement.observe(kept)
+        kept = agreement.agreed(kept)
         if not kept or self._observed_labels.get(group_id) == kept:
             return False
         self._observed_labels[group_id] = kept

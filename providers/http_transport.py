@@ -25,7 +25,9 @@ replica whose leadership lapsed meanwhile sends nothing. The gate answers how lo
 write, and the request must be sent within that: the socket's send timeout is cut to it. What is sent
 in time reaches the cloud after the network's own delay; the lease margin (``lease_duration -
 renew_deadline``, docs/kubernetes.md) is what keeps a new leader from writing before it. This is the one
-place such requests leave the process.
+place such requests leave the process. A gate may name the writer (``WriteGrant``): the request then
+carries it in the ``WRITER_HEADER`` header, decided in the same step that let it go (with leader election,
+the Lease holder and its term, so each cloud write can be told to one leadership term).
 
 Connections (urllib3 directly; ``requests`` and its charset detection, IDNA tables and certifi bundle
 cost about 4 MiB of the process's RSS for nothing this client uses):
@@ -171,8 +173,25 @@ def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -
 _CHANGE_WAITS = contextvars.ContextVar("change_waits", default=False)
 
 #: A write gate: raises ``NotLeader`` to stop a request, else returns the seconds it may still take to be
-#: sent (None: no bound).
+#: sent (None: no bound), a ``WriteGrant`` to name the writer too.
 WriteGate = Callable[[str], float | None]
+#: The header a gated write carries when its gate names the writer (docs/kubernetes.md): clouds ignore an
+#: unknown header; a proxy's or the cloud's request log shows which replica, in which term, sent it.
+WRITER_HEADER = "Ca-Externalgrpc-Writer"
+
+
+class WriteGrant(float):
+    """What a gate answers when it names who writes: the seconds the request may still take to be sent
+    (it is that float), and ``writer``, sent in ``WRITER_HEADER``."""
+
+    writer: str
+
+    def __new__(cls, seconds: float, writer: str) -> WriteGrant:
+        grant = super().__new__(cls, seconds)
+        grant.writer = writer
+        return grant
+
+
 # The gate of the attempt this thread is sending (set around one attempt of a gated request).
 _SEND_GATE: contextvars.ContextVar[Callable[[], float | None] | None] = contextvars.ContextVar(
     "send_gate", default=None
@@ -183,25 +202,31 @@ class _GatedHTTPConnection(urllib3.connection.HTTPConnection):
     """A connection that, for a gated request, connects first and asks the gate only then (see module doc)."""
 
     def request(self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any) -> None:  # type: ignore[override]
-        _ask_gate_when_connected(self)
+        headers = _ask_gate_when_connected(self, headers)
         super().request(method, url, body=body, headers=headers, **options)
 
 
 class _GatedHTTPSConnection(urllib3.connection.HTTPSConnection):
     def request(self, method: str, url: str, body: Any = None, headers: Any = None, **options: Any) -> None:  # type: ignore[override]
-        _ask_gate_when_connected(self)
+        headers = _ask_gate_when_connected(self, headers)
         super().request(method, url, body=body, headers=headers, **options)
 
 
-def _ask_gate_when_connected(conn: urllib3.connection.HTTPConnection) -> None:
+def _ask_gate_when_connected(conn: urllib3.connection.HTTPConnection, headers: Any) -> Any:
+    """Ask the gate of a gated request once ``conn`` is ready; the headers to send (with the writer's,
+    when the gate names one)."""
     gate = _SEND_GATE.get()
     if gate is None:
-        return
+        return headers
     if conn.sock is None:  # plain HTTP connects lazily; urllib3 has connected an HTTPS one already
         conn.connect()
     left = gate()  # NotLeader propagates: urllib3 closes the connection, nothing was sent
     if left is not None and (conn.timeout is None or left < conn.timeout):
         conn.timeout = max(left, 0.001)  # request() applies it to the socket for the sending
+    if isinstance(left, WriteGrant):
+        headers = urllib3.HTTPHeaderDict(headers or {})
+        headers[WRITER_HEADER] = left.writer
+    return headers
 
 
 class _GatedHTTPPool(urllib3.HTTPConnectionPool):

@@ -72,6 +72,9 @@ class LearnedTemplate:
     template: NodeTemplate
     node_name: str
     learned_at: str  # UTC, RFC 3339 to the second: when this content was first seen
+    # Label keys found to differ between the group's nodes or over time (providers/node_labels.py,
+    # LabelAgreement): kept out of the template, and remembered across restarts with the record.
+    varying_labels: frozenset[str] = frozenset()
 
     @property
     def source(self) -> str:

@@ -12,12 +12,20 @@ every node of the group, so that a new node of the group would carry it too:
 
 A label an operator puts on one node for a while (``maintenance=true``) is therefore never served for
 the group, where it would outlive that node.
+
+Under a kept prefix some labels still say something about one machine or one moment, not the group:
+``VOLATILE_LABELS`` are known to (GPU feature discovery's timestamp, rewritten every minute; the NVLink
+clique a machine sits in; the GPU operator's per-node progress labels). And whatever the key, a label
+whose value differs between two nodes of one group, or changes on one node, cannot tell what a new node
+will carry: ``LabelAgreement`` keeps it out of the group's template from then on. A key a node does not
+carry yet says nothing (a DaemonSet labels a node some time after it joined). Where each fact comes from
+is in docs/kubernetes.md ("Labels that vary").
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from providers.bizfly.templates import PER_NODE_LABELS as BIZFLY_PER_NODE_LABELS
 from providers.scaleway.templates import NODE_SPECIFIC_LABELS as SCALEWAY_PER_NODE_LABELS
@@ -41,6 +49,26 @@ GROUP_LABELS = (
     "k8s.scaleway.com/",  # Kapsule's pool labels on every node (its per-node ones are dropped above)
     "bke.bizflycloud.vn/",  # Bizfly's pool labels (likewise)
 )
+# Labels under a kept prefix that describe one machine or one moment (docs/kubernetes.md, "Labels that vary").
+VOLATILE_LABELS = frozenset(
+    {
+        "nvidia.com/gfd.timestamp",  # GPU feature discovery: when it last labelled the node (every minute)
+        "nvidia.com/gpu.clique",  # GFD: the NVLink fabric clique of this machine's GPUs (its rack, not its pool)
+        "nvidia.com/gpu.imex-domain",  # GFD: the IMEX domain of that clique
+        "nvidia.com/mig.config.state",  # the GPU operator's MIG manager: pending, success, failed on this node
+    }
+)
+# The GPU operator's driver upgrade state machine, one label per component on each node it upgrades
+# (nvidia.com/gpu-driver-upgrade-state: upgrade-required, cordon-required, ..., upgrade-done).
+VOLATILE_LABEL_SUFFIXES = ("-driver-upgrade-state",)
+# The machine type: a node of the group with another one means the group's machines changed (the newest
+# node teaches it, and a pool the cloud now describes with another type drops the learned template),
+# never that the label varies.
+MACHINE_TYPE_LABELS = frozenset({"node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"})
+
+
+def is_volatile(key: str) -> bool:
+    return key in VOLATILE_LABELS or (key.startswith("nvidia.com/") and key.endswith(VOLATILE_LABEL_SUFFIXES))
 
 
 @dataclass(frozen=True)
@@ -75,8 +103,37 @@ class GroupLabels:
         (``machine_names``)."""
         names = frozenset(machine)
         return {
-            k: v for k, v in labels.items() if self.patterns.match(k) and k not in PER_NODE_LABELS and v not in names
+            k: v
+            for k, v in labels.items()
+            if self.patterns.match(k) and k not in PER_NODE_LABELS and v not in names and not is_volatile(k)
         }
+
+
+@dataclass
+class LabelAgreement:
+    """What the nodes of one group agree on, label by label (labels already cut by ``GroupLabels``).
+
+    The first value seen for a key stands until a node shows another one, on another node or on the same
+    node later: the key then *varies* and stays out of the group's template for good (a later value could
+    change again; a new node may carry either). A node without the key says nothing. The machine type
+    (``MACHINE_TYPE_LABELS``) is never held to agreement: a new value means new machines. Not thread-safe:
+    its owner locks."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    varying: set[str] = field(default_factory=set)
+
+    def observe(self, labels: Mapping[str, str]) -> set[str]:
+        """Take one node's labels in; the keys found to vary by them."""
+        held = (key for key in labels if key not in self.varying and key not in MACHINE_TYPE_LABELS)
+        found = {key for key in held if self.values.setdefault(key, labels[key]) != labels[key]}
+        for key in found:
+            self.varying.add(key)
+            del self.values[key]
+        return found
+
+    def agreed(self, labels: Mapping[str, str]) -> dict[str, str]:
+        """``labels`` without the keys that vary."""
+        return {k: v for k, v in labels.items() if k not in self.varying}
 
 
 def machine_names(node_name: str, provider_id: str) -> set[str]:

@@ -67,6 +67,15 @@ class Engine(Protocol):
         clients reconnect (through the Service, to the replica that leads now)."""
         ...
 
+    def follow(self, age: float, late_age: float, grace: float) -> None:
+        """This replica does not lead: every connection, open or to come, goes away (GOAWAY, its calls get
+        ``grace``) ``age`` seconds from now, or about ``late_age`` after it opened when it comes later."""
+        ...
+
+    def lead(self) -> None:
+        """This replica leads: connections live ``serving.max_connection_age`` again."""
+        ...
+
     def stop(self, grace: float) -> None: ...
 
 
@@ -212,13 +221,6 @@ class RunningServer:
         h = backend.health()
         self.engine.set_health(BACKEND_HEALTH_PREFIX + backend.name, NOT_SERVING if h.stale else SERVING)
 
-    def send_clients_away(self) -> None:
-        """GOAWAY to every client connection while the port keeps listening (not once stopping)."""
-        if self._stopped.is_set():
-            return  # the engine is stopping or stopped: its own drain closes the connections
-        log.info("sending every gRPC client connection away: this replica stopped leading")
-        self.engine.drop_connections(STEP_DOWN_GRACE)
-
     def stop(self, grace: float | None = None) -> None:
         """Health NOT_SERVING, stop accepting, let in-flight calls finish (bounded), stop syncing."""
         if self._stopped.is_set():
@@ -234,9 +236,56 @@ class RunningServer:
         log.info("server stopped")
 
 
-#: seconds a call in flight on a replica that stopped leading may still take before its connection closes
-#: (reads answer in milliseconds; a mutating call is refused at once once the replica no longer leads)
-STEP_DOWN_GRACE = 5.0
+#: seconds a connection that reaches a replica after it stopped leading (and its follower_connection_age
+#: passed) stays: enough for a call a client sent directly (grpcurl) to be answered
+FOLLOWER_LATE_AGE = 1.0
+
+
+class FollowerConnections:
+    """With leader election, the CA follows the leader: while this replica does not serve as the leader,
+    every gRPC connection it holds or accepts goes elsewhere (docs/kubernetes.md, "The CA follows the
+    leader").
+
+    /readyz fails first, at once (``Leadership.readiness``), so the Service stops sending clients here;
+    ``leader_election.follower_connection_age`` later every connection is sent away (GOAWAY, its calls
+    get ``serving.max_connection_age_grace``): by then the kubelet has seen the replica unready and the
+    endpoints dropped it, so the client's reconnection through the Service reaches the leader (or finds
+    no endpoint until a new leader is Ready, never this replica). A connection that arrives later, while
+    it still follows (a client that comes directly, or a Service late to see it unready), goes once it
+    has been open ``FOLLOWER_LATE_AGE``. From the moment it serves as the leader again, connections live
+    ``serving.max_connection_age``.
+    """
+
+    def __init__(self, engine: Engine, leadership: Leadership, age: float, grace: float) -> None:
+        self._engine = engine
+        self._leadership = leadership
+        self._age = age
+        self._grace = grace
+        self._lock = threading.Lock()  # one engine change at a time, in the order the role changed
+        self._following: bool | None = None
+
+    def update(self) -> None:
+        """Follow or lead as the role is now: at start, at each step-down and when a new term serves."""
+        with self._lock:
+            following = not self._leadership.serving()
+            if following == self._following:
+                return
+            first = self._following is None
+            self._following = following
+            if following:
+                self._engine.follow(self._age, FOLLOWER_LATE_AGE, self._grace)
+            else:
+                self._engine.lead()
+        if following and not first:
+            log.info(
+                "not the leader: every gRPC connection is sent elsewhere after follower_connection_age "
+                "(readiness failed already), and any that arrives later after a moment, while this replica "
+                "does not lead",
+                extra={"follower_connection_age": self._age, "grace": self._grace},
+            )
+        elif not following:
+            log.info("the leader: gRPC connections stay", extra={"identity": self._leadership.identity})
+
 
 #: file descriptors the process needs besides its client connections (cloud and Kubernetes API
 #: connections, log and config files, the runtime's own)
@@ -286,11 +335,17 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     running = RunningServer(config, engine, registry, service, dispatcher, engine.port, liveness, metrics)
     if config.kubernetes.leader_election.enabled:
         # Before the ports open: a replica is a follower (refuses mutating RPCs, unready) until elected.
-        running.leadership = Leadership(config.kubernetes.leader_election)
-        service.mutation_guard = running.leadership.check_mutation
-        # A Service keeps established connections on a pod that turned unready: a replica that stops
-        # leading sends the CA's connections away, so the CA reconnects through the Service to the leader.
-        running.leadership.on_stopped_leading.append(running.send_clients_away)
+        election = config.kubernetes.leader_election
+        running.leadership = Leadership(election)
+        service.leader_guard = running.leadership.check_serving
+        # A Service keeps established connections on a pod that turned unready: a replica that does not
+        # lead sends the CA's connections away, so the CA reconnects through the Service to the leader.
+        steering = FollowerConnections(
+            engine, running.leadership, election.follower_connection_age, config.serving.max_connection_age_grace
+        )
+        steering.update()  # a follower until elected
+        running.leadership.on_stopped_leading.append(steering.update)
+        running.leadership.on_serving.append(steering.update)
     if config.http_listen is not None:
         # Bound before the first sync, so a busy port fails at once and /readyz answers during the sync.
         try:

@@ -190,6 +190,12 @@ class ServingConfig(ConfigModel):
     handshake_timeout: duration(1, 600) = 10.0  # type: ignore[valid-type]
     # A connection with no call open this long gets GOAWAY (0: never).
     idle_timeout: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
+    # A connection open this long (+/-10 %) gets GOAWAY and its calls get max_connection_age_grace before it
+    # is closed (grpc-go's MaxConnectionAge and MaxConnectionAgeGrace; 0: never). The backstop that sends a
+    # client through its Service again, to the replica that leads (docs/kubernetes.md).
+    max_connection_age: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
+    # What calls get after their connection was sent away (its age, or a replica that stopped leading).
+    max_connection_age_grace: duration(0, 3600) = 10.0  # type: ignore[valid-type]
     # Request message bytes the process holds at once (native engine).
     request_buffer: whole_number(4 * 1024 * 1024, 16 * 1024**3, 64 * 1024 * 1024) = 64 * 1024 * 1024  # type: ignore[valid-type]
 

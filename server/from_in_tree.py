@@ -94,6 +94,7 @@ SERVER_SETTINGS: Mapping[str, Mapping[str, Any]] = {
                 "lease_duration": "15s",
                 "renew_deadline": "10s",
                 "retry_period": "2s",
+                "follower_connection_age": "5s",
             },
             "journal": {"enabled": True, "configmap": "ca-externalgrpc-journal"},
             "learned_templates": {"enabled": True, "configmap_prefix": "ca-externalgrpc-templates"},

@@ -30,6 +30,7 @@ class GrpcioEngine:
 
     def __init__(self, config: ServerConfig, dispatcher: Dispatcher, service_name: str) -> None:
         self.executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
+        self._serving = config.serving
         self.options = channel_options(config.serving)
         # service -> method name -> handler: the CloudProvider and our Diagnostics service
         self.handlers: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
@@ -39,16 +40,22 @@ class GrpcioEngine:
             )
         self.service_name = service_name
         self.health = health.HealthServicer(experimental_non_blocking=True)
-        self.server = self._new_server()
+        self.server = self._new_server(self.options)
+        self._server_options = self.options  # what self.server was built with
         self.port = 0
         self._address = ""
         self._credentials: grpc.ServerCredentials | None = None
         self._swap = threading.Lock()
         self._ipv4_only: socket.socket | None = None  # on 0.0.0.0: keeps grpc core off IPv6 while serving
-        self._stopping = False  # under _swap: once stop() began, drop_connections starts no server
+        self._stopping = False  # under _swap: once stop() began, no server is started
+        # Under _swap: following (leader election) since follow(), until lead(); the timer that moves the
+        # port to a server whose connections live the follower's age; whether that server serves now.
+        self._following = False
+        self._follow_timer: threading.Timer | None = None
+        self._follower_server = False
 
-    def _new_server(self) -> grpc.Server:
-        server = grpc.server(self.executor, options=self.options)
+    def _new_server(self, options: list[tuple[str, int]]) -> grpc.Server:
+        server = grpc.server(self.executor, options=options)
         for service, handlers in self.handlers.items():
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
             server.add_registered_method_handlers(service, handlers)
@@ -103,25 +110,84 @@ class GrpcioEngine:
         with self._swap:
             if self._stopping:
                 return  # stop() drains every connection itself
-            old = self.server
-            new = self._new_server()
-            if self._add_port(new, self._address, self._credentials) != self.port:
-                raise OSError(f"cannot listen on {self._address} again to drop the connections")
-            new.start()
-            self.server = new
+            old = self._replace_locked(self._server_options)
         old.stop(grace)
+
+    def _replace_locked(self, options: list[tuple[str, int]]) -> grpc.Server:
+        """Under _swap: a new server with ``options`` takes the port; the old one, returned, still has its
+        connections (the caller stops it)."""
+        old = self.server
+        new = self._new_server(options)
+        if self._ipv4_only is not None:
+            # The guard again, after the listening socket: a socket without SO_REUSEPORT bound last makes the
+            # kernel check the next bind in full, so the new server's try at [::] meets the guard and falls
+            # back to IPv4 (checked against the first server's socket alone, it would take [::] dual-stack).
+            self._ipv4_only.close()
+            self._ipv4_only = ipv4_only_guard(self._address.rsplit(":", 1)[0], self.port)
+        if self._add_port(new, self._address, self._credentials) != self.port:
+            raise OSError(f"cannot listen on {self._address} again to send the connections away")
+        new.start()
+        self.server = new
+        self._server_options = options
+        return old
+
+    def follow(self, age: float, late_age: float, grace: float) -> None:
+        """This replica does not lead: every connection, open or to come, goes away ``age`` seconds from
+        now, or about ``late_age`` after it opened when it comes later (its calls get ``grace``).
+
+        After ``age`` a server whose connections live ``late_age`` (grpc core's ``max_connection_age``, with
+        its +/-10 % jitter) takes the port, and the server that held it stops: GOAWAY to what it had,
+        connections opened meanwhile included. ``lead()`` before that keeps every connection."""
+        with self._swap:
+            if self._stopping or self._following:
+                return
+            self._following = True
+            timer = threading.Timer(age, self._serve_as_follower, args=(late_age, grace))
+            timer.daemon = True
+            self._follow_timer = timer
+        timer.start()
+
+    def _serve_as_follower(self, late_age: float, grace: float) -> None:
+        with self._swap:
+            if self._stopping or not self._following or self._follower_server:
+                return
+            old = self._replace_locked(channel_options(self._serving, connection_age=(late_age, grace)))
+            self._follower_server = True
+            self._follow_timer = None
+        old.stop(grace)
+
+    def lead(self) -> None:
+        """This replica leads: connections live ``serving.max_connection_age`` again. Those opened while it
+        followed (on the follower's server, if it took the port) get GOAWAY now, their calls the grace."""
+        with self._swap:
+            if self._stopping or not self._following:
+                return
+            self._following = False
+            timer, self._follow_timer = self._follow_timer, None
+            if timer is not None:
+                timer.cancel()
+            if not self._follower_server:
+                return
+            self._follower_server = False
+            old = self._replace_locked(self.options)
+        old.stop(self._serving.max_connection_age_grace)
 
     def stop(self, grace: float) -> None:
         with self._swap:
             self._stopping = True
             server = self.server
+            timer, self._follow_timer = self._follow_timer, None
+        if timer is not None:
+            timer.cancel()
         server.stop(grace).wait(grace + 1)
         if self._ipv4_only is not None:
             self._ipv4_only.close()
 
 
-def channel_options(serving: ServingConfig) -> list[tuple[str, int]]:
-    """The limits of ``serving.*`` as grpcio's channel arguments (docs/operations.md says which apply)."""
+def channel_options(serving: ServingConfig, connection_age: tuple[float, float] | None = None) -> list[tuple[str, int]]:
+    """The limits of ``serving.*`` as grpcio's channel arguments (docs/operations.md says which apply);
+    ``connection_age``: (age, grace) of a follower's connections instead of ``serving.max_connection_age``
+    and its grace (the shorter one)."""
 
     def ms(seconds: float) -> int:
         return round(seconds * 1000)
@@ -150,6 +216,13 @@ def channel_options(serving: ServingConfig) -> list[tuple[str, int]]:
         options.append(("grpc.http2.ping_timeout_ms", ms(serving.keepalive_timeout)))
     if serving.idle_timeout:
         options.append(("grpc.max_connection_idle_ms", ms(serving.idle_timeout)))
+    age, grace = serving.max_connection_age, serving.max_connection_age_grace
+    if connection_age is not None and (not age or connection_age[0] < age):
+        age, grace = connection_age
+    if age:
+        # grpc core spreads it by +/-10 % (as grpc-go), then closes the connection after the grace.
+        options.append(("grpc.max_connection_age_ms", ms(age)))
+        options.append(("grpc.max_connection_age_grace_ms", ms(grace)))
     return options
 
 

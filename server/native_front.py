@@ -12,7 +12,9 @@ front
   GetOptions of a group with per-group options depends on the defaults the caller sends: the front
   hands the first such call to Python and then gives Python's answer to every call with the same
   defaults. TemplateNodeInfo likewise: the first call per group after a publication is Python's, the
-  next ones get its answer, until the group's template may have changed (labels recorded);
+  next ones get its answer, until the group's template may have changed (labels recorded). When recorded
+  labels change a group's debug string (it names the template's source), every table is published again:
+  the front never serves an answer Python would no longer give (tests/integration/test_engine_differential.py);
 * hands every other CloudProvider call to Python: the request bytes go to ``Dispatcher.call``
   (server/rpc.py) on the front's pool of blocking threads, the same code path as on the grpcio engine:
   errors (empty id, unknown group, undecodable bytes), Refresh, mutations, templates, pricing, with
@@ -101,6 +103,7 @@ class NativeFront:
         self._lock = threading.Lock()  # one publication at a time: a slower, older one never lands last
         self._service: CloudProviderService | None = None
         self._lookups: NodeLookups | None = None  # what the last published for_node table was built from
+        self._groups: dict[str, bytes] = {}  # each group's NodeGroupForNode answer as last published
 
     @property
     def port(self) -> int:
@@ -147,8 +150,23 @@ class NativeFront:
                 self._front.learn_template(gid, data)
 
     def _forget_template(self, gid: str) -> None:
+        """A node's labels changed the template of ``gid``: its TemplateNodeInfo answer goes back to Python,
+        and when the group's debug string (which names the template's source: ``template=none`` before a
+        Bizfly pool with an unknown flavor shows a node, ``template=cloud`` after) changed with it, every
+        table is published again, so NodeGroups and NodeGroupForNode say what Python says now."""
+        service = self._service
         with self._lock:
             self._front.forget_template(gid)
+            published = self._groups.get(gid)
+        if service is None or published is None:
+            return
+        try:
+            backend = service.registry.backend_for_group(gid)
+            now = service.for_node_response(backend, gid).SerializeToString()
+        except DomainError:
+            return  # the group left with a newer snapshot, whose publication follows
+        if now != published:
+            self.publish()
 
     def on_sync(self, _backend: object) -> None:
         """Backend listener: a sync attempt may have swapped the snapshot, or a learned template changed."""
@@ -166,10 +184,20 @@ class NativeFront:
                 return
             self._front.publish(**tables)
             self._lookups = lookups
+            self._groups = dict(tables["groups"])
 
     def drop_connections(self, grace: float) -> None:
         """GOAWAY to every client connection; open calls get ``grace`` seconds; the port keeps listening."""
         self._front.drop_connections(grace)
+
+    def follow(self, age: float, late_age: float, grace: float) -> None:
+        """This replica does not lead: every connection, open or to come, gets GOAWAY ``age`` seconds from
+        now, or once it has been open ``late_age`` when it comes later; its calls get ``grace``."""
+        self._front.follow(age, late_age, grace)
+
+    def lead(self) -> None:
+        """This replica leads: connections live ``serving.max_connection_age`` again."""
+        self._front.lead()
 
     def native_calls(self) -> NativeCalls:
         calls: NativeCalls = self._front.native_calls()
@@ -192,6 +220,8 @@ def front_limits(serving: ServingConfig) -> dict[str, Any]:
         "handshake_timeout": serving.handshake_timeout,
         "idle_timeout": serving.idle_timeout or None,
         "request_buffer": serving.request_buffer,
+        "max_connection_age": serving.max_connection_age or None,
+        "max_connection_age_grace": serving.max_connection_age_grace,
     }
 
 

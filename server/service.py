@@ -76,8 +76,9 @@ class ScaleAction:
     error: DomainError | None  # why it failed, None on success
 
 
-def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
-    """Map DomainError to its status code, log mutations at info and reads at debug."""
+def rpc(mutating: bool = False, leader_only: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Map DomainError to its status code, log mutations at info and reads at debug. ``leader_only`` (and
+    every mutating call): with leader election, a replica that does not serve as the leader refuses it."""
 
     def wrap(method: Callable[..., R]) -> Callable[..., R]:
         name = method.__name__
@@ -87,8 +88,8 @@ def rpc(mutating: bool = False) -> Callable[[Callable[..., R]], Callable[..., R]
             start = time.perf_counter()
             ran = False  # whether the method ran: a call refused before it changed nothing to republish
             try:
-                if mutating and self.mutation_guard is not None:
-                    self.mutation_guard(name)  # a follower replica refuses before anything else
+                if (mutating or leader_only) and self.leader_guard is not None:
+                    self.leader_guard(name)  # a follower replica refuses before anything else
                 ran = True
                 result = method(self, request, context)
                 if mutating:
@@ -171,8 +172,9 @@ class CloudProviderService:
         self._nodes_msgs: dict[str, tuple[tuple[Instance, ...], pb.NodeGroupNodesResponse]] = {}
         self._template_msgs: dict[str, tuple[object, pb.NodeGroupTemplateNodeInfoResponse | None]] = {}
         self._observed: dict[str, int] = {}
-        # Leader election: raises NotLeader (UNAVAILABLE) for a mutating RPC on a replica that may not write.
-        self.mutation_guard: Callable[[str], None] | None = None
+        # Leader election: raises NotLeader (UNAVAILABLE) for a mutating RPC, or Refresh, on a replica that
+        # does not serve as the leader.
+        self.leader_guard: Callable[[str], None] | None = None
         # Hooks of the native engine (server/native_front.py): republish the hot answers before a
         # mutation's answer goes out; learn that a group's node labels are recorded for this snapshot;
         # learn the options answer for a group with per-group options and the caller's defaults.
@@ -347,10 +349,13 @@ class CloudProviderService:
     def Cleanup(self, request: pb.CleanupRequest, context: CallContext) -> pb.CleanupResponse:
         return pb.CleanupResponse()
 
-    @rpc()
+    @rpc(leader_only=True)
     def Refresh(self, request: pb.RefreshRequest, context: CallContext) -> pb.RefreshResponse:
         # A due snapshot is re-listed on the backend's listing thread (waited for a bounded time); then
-        # Refresh refuses only state beyond the staleness bound.
+        # Refresh refuses only state beyond the staleness bound. With leader election a replica that does
+        # not lead refuses it (leader_only): the CA's loop then ends there, instead of deciding a scale-up
+        # from a view that no longer syncs and meeting a refused IncreaseSize (a failed scale-up that
+        # backs the group off) while its connection is on its way to the leader.
         self.registry.refresh(self._deadline(context))
         return pb.RefreshResponse()
 

@@ -4,13 +4,19 @@
 //! * [`Connections`]: every open connection. At `max_connections` a new one evicts the connection idle
 //!   the longest (no open stream; one that never served a call first), so a flood of idle connections
 //!   never locks out a prober or the CA; when every connection has an open stream, the new one is closed.
-//! * [`Conn`]: one connection's open streams, last activity, request bytes held, and its GOAWAY signal.
+//!   While the replica does not lead ([`Connections::follow`]), every connection is sent away a short
+//!   time after it stopped leading, and one that arrives later once it has been open a moment.
+//! * [`Conn`]: one connection's open streams, last activity, request bytes held, age, and its GOAWAY signal.
+//!   [`age_deadline`]: when its age sends it away, grpc-go's `MaxConnectionAge` (with +/-10 % jitter)
+//!   and `MaxConnectionAgeGrace`.
 //! * [`FrameWatch`]: the connection's byte stream, seen at HTTP/2 frame level: when the client's
 //!   preface and SETTINGS are in (the handshake deadline), and its PINGs, held to grpc-go's
 //!   enforcement policy (more than two too early: GOAWAY ENHANCE_YOUR_CALM `too_many_pings`, closed).
 //!   hyper answers PINGs itself and tells nobody, so the policy needs the frames.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -54,6 +60,10 @@ pub struct Limits {
     pub idle_timeout: Option<Duration>,
     /// Request message bytes the whole process holds at once (being received or waiting for Python).
     pub request_buffer: usize,
+    /// A connection open this long (+/-10 %) gets GOAWAY (`None`: never); its calls then get
+    /// `max_connection_age_grace` before it is closed (grpc-go's `MaxConnectionAge`, `...Grace`).
+    pub max_connection_age: Option<Duration>,
+    pub max_connection_age_grace: Duration,
 }
 
 impl Default for Limits {
@@ -68,6 +78,8 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Some(Duration::from_secs(300)),
             request_buffer: 64 * 1024 * 1024,
+            max_connection_age: Some(Duration::from_secs(300)),
+            max_connection_age_grace: Duration::from_secs(10),
         }
     }
 }
@@ -78,9 +90,54 @@ fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
+/// +/-10 %, as grpc-go spreads `MaxConnectionAge`, so that connections opened together do not all
+/// reconnect at once.
+const AGE_JITTER: f64 = 0.1;
+
+/// A factor in [1 - AGE_JITTER, 1 + AGE_JITTER], different for every connection (the standard
+/// library's randomly keyed hasher is random enough to spread reconnections).
+fn age_jitter(id: u64) -> f64 {
+    let unit = RandomState::new().hash_one(id) as f64 / u64::MAX as f64;
+    1.0 - AGE_JITTER + 2.0 * AGE_JITTER * unit
+}
+
+/// The replica does not lead: connections go elsewhere (see [`Connections::follow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Following {
+    /// When it stopped leading (or started following, at start).
+    pub since: tokio::time::Instant,
+    /// Every connection goes away at `since + age` (by then a Service no longer sends clients here)...
+    pub age: Duration,
+    /// ... or, when it came later (a client that reached this replica directly, or a Service late to
+    /// see it unready), once it has been open `late_age`.
+    pub late_age: Duration,
+    /// What its calls get after the GOAWAY.
+    pub grace: Duration,
+}
+
+/// When `conn`'s age sends it away, and the grace its calls get then: the earlier of the configured
+/// maximum age (with the connection's jitter) and, while the replica follows, the follower's deadline.
+pub fn age_deadline(
+    conn: &Conn,
+    limits: &Limits,
+    following: Option<Following>,
+) -> Option<(tokio::time::Instant, Duration)> {
+    let aged = limits
+        .max_connection_age
+        .map(|age| (conn.opened + age.mul_f64(conn.jitter), limits.max_connection_age_grace));
+    let followed = following.map(|f| ((f.since + f.age).max(conn.opened + f.late_age), f.grace));
+    match (aged, followed) {
+        (Some(a), Some(f)) => Some(if f.0 < a.0 { f } else { a }),
+        (a, f) => a.or(f),
+    }
+}
+
 /// One client connection, shared by its task, its streams and the registry.
 pub struct Conn {
     id: u64,
+    /// When it was accepted, and its age's jitter factor.
+    opened: tokio::time::Instant,
+    jitter: f64,
     streams: AtomicUsize,
     last_active_ms: AtomicU64,
     served: AtomicBool,
@@ -97,6 +154,8 @@ impl Conn {
     fn new(id: u64, process_buffered: Arc<AtomicUsize>, process_limit: usize) -> Self {
         Conn {
             id,
+            opened: tokio::time::Instant::now(),
+            jitter: age_jitter(id),
             streams: AtomicUsize::new(0),
             last_active_ms: AtomicU64::new(now_ms()),
             served: AtomicBool::new(false),
@@ -249,6 +308,8 @@ impl Body for Guarded {
 /// Every open connection.
 pub struct Connections {
     pub limits: Limits,
+    /// `Some` while the replica does not lead: every connection task watches it.
+    pub following: watch::Sender<Option<Following>>,
     open: Mutex<HashMap<u64, Arc<Conn>>>,
     next_id: AtomicU64,
     process_buffered: Arc<AtomicUsize>,
@@ -275,6 +336,7 @@ impl Connections {
     pub fn new(limits: Limits) -> Self {
         Connections {
             limits,
+            following: watch::Sender::new(None),
             open: Mutex::default(),
             next_id: AtomicU64::new(1),
             process_buffered: Arc::default(),
@@ -311,6 +373,30 @@ impl Connections {
         for conn in self.open.lock().expect("connections lock").values() {
             conn.go_away(grace);
         }
+    }
+
+    /// The replica does not lead: every connection, open or to come, gets GOAWAY `age` after now (so a
+    /// Service has stopped sending clients here by then, and the client's reconnection reaches the
+    /// replica that leads), or, when it comes later, once it has been open `late_age`; its calls get
+    /// `grace`. Asked again while following, nothing changes.
+    pub fn follow(&self, age: Duration, late_age: Duration, grace: Duration) {
+        self.following.send_if_modified(|current| {
+            if current.is_some() {
+                return false;
+            }
+            *current = Some(Following {
+                since: tokio::time::Instant::now(),
+                age,
+                late_age,
+                grace,
+            });
+            true
+        });
+    }
+
+    /// The replica leads again: connections live their configured age (a GOAWAY already sent stands).
+    pub fn lead(&self) {
+        self.following.send_if_modified(|current| current.take().is_some());
     }
 
     /// Resolves once no connection is open.
@@ -709,6 +795,89 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(idle_deadline(&conn, idle).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_connections_age_is_the_earlier_of_the_maximum_and_the_followers() {
+        let limits = Limits {
+            max_connection_age: Some(Duration::from_secs(100)),
+            max_connection_age_grace: Duration::from_secs(7),
+            ..Limits::default()
+        };
+        let conn = Conn::detached();
+        assert!((0.9..=1.1).contains(&conn.jitter), "{}", conn.jitter);
+        let (at, grace) = age_deadline(&conn, &limits, None).unwrap();
+        assert_eq!(at, conn.opened + Duration::from_secs(100).mul_f64(conn.jitter));
+        assert_eq!(grace, Duration::from_secs(7));
+        let never = Limits {
+            max_connection_age: None,
+            ..limits.clone()
+        };
+        assert_eq!(age_deadline(&conn, &never, None), None, "no maximum age: never");
+
+        // Following since before it opened: the follower's deadline, or a moment after it opened.
+        let following = Following {
+            since: conn.opened - Duration::from_secs(2),
+            age: Duration::from_secs(5),
+            late_age: Duration::from_secs(1),
+            grace: Duration::from_secs(2),
+        };
+        let (at, grace) = age_deadline(&conn, &never, Some(following)).unwrap();
+        assert_eq!(
+            (at, grace),
+            (conn.opened + Duration::from_secs(3), Duration::from_secs(2))
+        );
+        let long_ago = Following {
+            since: conn.opened - Duration::from_secs(30),
+            ..following
+        };
+        let (at, _) = age_deadline(&conn, &limits, Some(long_ago)).unwrap();
+        assert_eq!(
+            at,
+            conn.opened + Duration::from_secs(1),
+            "came after the deadline: a moment"
+        );
+        // A maximum age that comes first wins.
+        let later = Following {
+            since: conn.opened + Duration::from_secs(200),
+            ..following
+        };
+        let (at, grace) = age_deadline(&conn, &limits, Some(later)).unwrap();
+        assert_eq!(
+            (at, grace),
+            (
+                conn.opened + Duration::from_secs(100).mul_f64(conn.jitter),
+                Duration::from_secs(7)
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn follow_keeps_its_start_and_lead_ends_it() {
+        let connections = Connections::new(Limits::default());
+        assert!(connections.following.borrow().is_none());
+        connections.follow(Duration::from_secs(5), Duration::from_secs(1), Duration::from_secs(1));
+        let first = connections.following.borrow().unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        connections.follow(Duration::from_secs(5), Duration::from_secs(1), Duration::from_secs(1));
+        assert_eq!(
+            connections.following.borrow().unwrap(),
+            first,
+            "asked again: the same start"
+        );
+        connections.lead();
+        assert!(connections.following.borrow().is_none());
+    }
+
+    #[test]
+    fn jitter_spreads_ages() {
+        let factors: Vec<f64> = (0..200).map(age_jitter).collect();
+        assert!(factors.iter().all(|f| (0.9..=1.1).contains(f)));
+        let (low, high) = (
+            factors.iter().filter(|f| **f < 1.0).count(),
+            factors.iter().filter(|f| **f > 1.0).count(),
+        );
+        assert!(low > 50 && high > 50, "{low} below, {high} above");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! Front(host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8,
 //!       max_connections=256, max_concurrent_streams=100, max_header_list_size=16384, keepalive_time=60.0,
 //!       keepalive_timeout=20.0, min_ping_interval=300.0, handshake_timeout=10.0, idle_timeout=300.0,
-//!       request_buffer=67108864)
+//!       request_buffer=67108864, max_connection_age=300.0, max_connection_age_grace=10.0)
 //! ```
 //!
 //! * `host`, `port`: where to listen (every address `host` resolves to; port 0 picks one, see `port`).
@@ -45,7 +45,8 @@
 //! Methods: `port`; `publish(...)`, `learn_options(group, defaults, answer)`, `mark_observed(group)`,
 //! `learn_template(group, answer)`, `forget_template(group)` (the tables, see `answers.rs`);
 //! `set_health(service, status)`, `shutdown_health()`; `set_reflection(services, files, symbols)`;
-//! `submit(callable)`; `native_calls()`; `drop_connections(grace)`; `stop(grace)`.
+//! `submit(callable)`; `native_calls()`; `drop_connections(grace)`; `follow(age, late_age, grace)`, `lead()`;
+//! `stop(grace)`.
 
 pub mod answers;
 pub mod coalesce;
@@ -172,7 +173,7 @@ impl Front {
         host, port, buckets, dispatch, methods, cert=None, key=None, client_ca=None, threads=2, python_threads=8,
         max_connections=256, max_concurrent_streams=100, max_header_list_size=16384, keepalive_time=Some(60.0),
         keepalive_timeout=20.0, min_ping_interval=300.0, handshake_timeout=10.0, idle_timeout=Some(300.0),
-        request_buffer=67108864,
+        request_buffer=67108864, max_connection_age=Some(300.0), max_connection_age_grace=10.0,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -195,12 +196,18 @@ impl Front {
         handshake_timeout: f64,
         idle_timeout: Option<f64>,
         request_buffer: usize,
+        max_connection_age: Option<f64>,
+        max_connection_age_grace: f64,
     ) -> PyResult<Self> {
         let seconds = |name: &str, value: f64| {
             Duration::try_from_secs_f64(value)
                 .ok()
                 .filter(|d| !d.is_zero())
                 .ok_or_else(|| PyValueError::new_err(format!("{name} must be a positive number of seconds")))
+        };
+        let non_negative = |name: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .map_err(|_| PyValueError::new_err(format!("{name} must be a number of seconds, 0 or more")))
         };
         if max_connections == 0 || max_concurrent_streams == 0 || max_header_list_size == 0 {
             return Err(PyValueError::new_err(
@@ -217,6 +224,10 @@ impl Front {
             handshake_timeout: seconds("handshake_timeout", handshake_timeout)?,
             idle_timeout: idle_timeout.map(|t| seconds("idle_timeout", t)).transpose()?,
             request_buffer,
+            max_connection_age: max_connection_age
+                .map(|t| seconds("max_connection_age", t))
+                .transpose()?,
+            max_connection_age_grace: non_negative("max_connection_age_grace", max_connection_age_grace)?,
         };
         let tls = match (cert, key) {
             (Some(cert), Some(key)) => {
@@ -405,6 +416,28 @@ impl Front {
         self.shared
             .connections
             .go_away_all(Duration::from_secs_f64(grace.max(0.0)));
+    }
+
+    /// The replica does not lead (leader election): every connection, open or to come, gets GOAWAY
+    /// `age` seconds from now, when a Service has stopped routing here and the client's reconnection
+    /// reaches the leader, or, one that comes later, once it has been open `late_age` seconds; its
+    /// calls get `grace` seconds. Until `lead()`; asked again meanwhile, the first start counts.
+    fn follow(&self, age: f64, late_age: f64, grace: f64) -> PyResult<()> {
+        let seconds = |name: &str, value: f64| {
+            Duration::try_from_secs_f64(value)
+                .map_err(|_| PyValueError::new_err(format!("{name} must be a number of seconds, 0 or more")))
+        };
+        self.shared.connections.follow(
+            seconds("age", age)?,
+            seconds("late_age", late_age)?,
+            seconds("grace", grace)?,
+        );
+        Ok(())
+    }
+
+    /// The replica leads: connections live their configured age again (one already sent away stays so).
+    fn lead(&self) {
+        self.shared.connections.lead();
     }
 
     /// Stop accepting, let open calls (those waiting on Python too) finish for at most `grace` seconds,

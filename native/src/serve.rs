@@ -27,8 +27,8 @@ use tokio_rustls::TlsAcceptor;
 use crate::answers::{decide, CallMetrics, Decision, Published, HEALTH_CHECK, METHODS, SERVICE};
 use crate::coalesce::{Coalescing, InlineFirst};
 use crate::conn::{
-    header_list_size, idle_deadline, Conn, Connections, FrameWatch, Guarded, Limits, Registered, Reservation,
-    StreamGuard, HARD_HEADER_LIST_SIZE,
+    age_deadline, header_list_size, idle_deadline, Conn, Connections, FrameWatch, Guarded, Limits, Registered,
+    Reservation, StreamGuard, HARD_HEADER_LIST_SIZE,
 };
 use crate::grpc::{
     self, answer, answer_or_status, read_unary, trailers_only, Deframer, Encoding, Received, ResponseBody, Status,
@@ -367,8 +367,8 @@ const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const TCP_KEEPALIVE_RETRIES: u32 = 3;
 
-/// Serve one accepted connection until it ends, its handshake or idle time runs out, or it is asked
-/// to go away.
+/// Serve one accepted connection until it ends, its handshake, idle time or age runs out, or it is
+/// asked to go away.
 async fn connection(
     stream: TcpStream,
     peer: Arc<str>,
@@ -402,6 +402,8 @@ async fn drive<IO>(
 {
     let conn = registered.conn.clone();
     let limits = shared.connections.limits.clone();
+    // Whether the replica leads: while it does not, the connection's age is short (Connections::follow).
+    let mut following = shared.connections.following.subscribe();
     // FrameWatch inside Coalescing: its own GOAWAY write goes straight to the socket, never held a turn.
     let watched = Coalescing::new(FrameWatch::new(io, conn.clone(), limits.min_ping_interval));
     let service = {
@@ -428,7 +430,13 @@ async fn drive<IO>(
     let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
     let mut closing_until: Option<tokio::time::Instant> = None;
     let mut handshake_pending = true;
+    let mut following_open = true;
     loop {
+        let aged = if closing_until.is_none() {
+            age_deadline(&conn, &limits, *following.borrow_and_update())
+        } else {
+            None
+        };
         let idle_check = match limits.idle_timeout {
             Some(idle) if closing_until.is_none() => match idle_deadline(&conn, idle) {
                 Ok(()) => {
@@ -453,6 +461,16 @@ async fn drive<IO>(
                 connection.as_mut().graceful_shutdown();
                 // Even with no grace, the GOAWAY itself gets a moment to leave.
                 closing_until = Some(tokio::time::Instant::now() + grace.max(GOAWAY_WRITE));
+            }
+            () = tokio::time::sleep_until(aged.map_or(far, |(at, _)| at)), if aged.is_some() => {
+                // Its age: GOAWAY (the client reconnects, through a Service to the replica that leads),
+                // open calls get the grace, then the connection closes (grpc-go's MaxConnectionAge).
+                connection.as_mut().graceful_shutdown();
+                let grace = aged.map_or(Duration::ZERO, |(_, grace)| grace);
+                closing_until = Some(tokio::time::Instant::now() + grace.max(GOAWAY_WRITE));
+            }
+            changed = following.changed(), if closing_until.is_none() && following_open => {
+                following_open = changed.is_ok(); // the age is computed again at the top of the loop
             }
             () = tokio::time::sleep_until(closing_until.unwrap_or(far)), if closing_until.is_some() => break,
         }

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 from providers.errors import NotLeader
+from providers.http_transport import WriteGrant
 from server.kube.calls import ApiCall, api_status
 from server.kube.client import KubeConnection, group_path
 from server.kube.settings import LeaderElectionConfig
@@ -88,12 +89,17 @@ class Leadership:
         self.identity = identity  # the replica's name, for people (messages, Events, the journal)
         self.lease_identity = identity  # its holderIdentity in the Lease (Election adds the process suffix)
         # Run (in the elector thread, in order) each time this replica stops leading, after it stopped
-        # writing and paused its sync: each must return at once and never raise. For the serving engine
-        # to close the CA's connections, so the CA reconnects through the Service to the new leader.
+        # writing and paused its sync; and each time it starts serving as the leader (its first sync of a
+        # term done, in that term's take-over thread). Each must return at once and never raise. For the
+        # serving engine to send the CA's connections to the leader (server/app.py, FollowerConnections).
         self.on_stopped_leading: list[Callable[[], None]] = []
+        self.on_serving: list[Callable[[], None]] = []
         self._clock = clock
         self._lock = threading.Lock()
         self._term = 0  # counts this replica's terms as leader
+        # The Lease's leaseTransitions as this replica's acquisition wrote it: the term for every replica
+        # (each acquisition by a new holder raises it), which each cloud write carries (check_write).
+        self._lease_term = 0
         self._leading = False
         self._retired = False  # stopping: never leads again
         self._renew_sent_at = -math.inf  # monotonic time the last successful acquire or renew was sent
@@ -128,25 +134,27 @@ class Leadership:
             return holder  # another process with this replica's identity: show which one
         return name
 
-    def check_write(self, what: str) -> float:
-        """The cloud transports' write gate: the seconds this replica may still write, or NotLeader.
+    def check_write(self, what: str) -> WriteGrant:
+        """The cloud transports' write gate: the seconds this replica may still write, or NotLeader; and
+        who writes, the Lease holder and its term (``writer``), which the request carries.
 
         The transport asks it once the connection is ready, just before the request's bytes go out, and
         bounds the sending by the answer (providers/http_transport.py)."""
         with self._lock:
             left = self._left_locked()
+            writer = f"{self.lease_identity}; term={self._lease_term}"
         if left <= 0:
             raise NotLeader(f"{what} not sent: {self._why_not()}")
-        return left
+        return WriteGrant(left, writer)
 
-    def check_mutation(self, rpc: str) -> None:
-        """The servicer's gate for mutating RPCs: raise NotLeader unless leader and synced."""
+    def check_serving(self, rpc: str) -> None:
+        """The servicer's gate for mutating RPCs and Refresh: raise NotLeader unless leader and synced."""
         if self.serving():
             return
         if self.holds():
             raise NotLeader(
                 f"{rpc} refused: {self._me()} has just become the leader and syncs with the "
-                "cloud before it changes anything; retry in a few seconds"
+                "cloud before it answers; retry in a few seconds"
             )
         raise NotLeader(f"{rpc} refused: {self._why_not()}")
 
@@ -183,13 +191,14 @@ class Leadership:
         return f"this replica ({self.identity})" if self.identity else "this replica"
 
     # ------------------------------------------------------------------ transitions (elector thread)
-    def acquired(self, renew_sent_at: float) -> int | None:
-        """A new term from a write sent at ``renew_sent_at``; None (no term) when stopping, or when that
-        write came back too late to allow any writing."""
+    def acquired(self, renew_sent_at: float, lease_term: int = 0) -> int | None:
+        """A new term from a write sent at ``renew_sent_at`` (``lease_term``: the Lease's leaseTransitions it
+        wrote); None (no term) when stopping, or when that write came back too late to allow any writing."""
         with self._lock:
             if self._retired or self._clock() >= renew_sent_at + self.config.renew_deadline:
                 return None
             self._term += 1
+            self._lease_term = lease_term
             self._leading = True
             self._renew_sent_at = renew_sent_at
             self._holder = self.lease_identity
@@ -463,7 +472,9 @@ class LeaderElector:
             log.info("the leader's Lease expired; taking over", extra={**self._log_fields(), "previous": holder})
         now = _micro_time(dt.datetime.now(dt.UTC))
         if holder != self._identity:
-            spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + (1 if holder else 0)
+            # Every acquisition by a new holder raises it, after a hand-back too (as client-go does): it
+            # numbers the terms, and a cloud write carries the one it was made in.
+            spec["leaseTransitions"] = (spec.get("leaseTransitions") or 0) + 1
             spec["acquireTime"] = now
         spec["holderIdentity"] = self._identity
         spec["renewTime"] = now
@@ -495,12 +506,13 @@ class LeaderElector:
                 self._written = written
                 self._leadership.renewed(sent)
                 return
-            term = self._leadership.acquired(sent)
+            lease_term = (written.get("spec") or {}).get("leaseTransitions") or 0
+            term = self._leadership.acquired(sent, int(lease_term))
             if term is None:  # stopping, or the write took longer than the renew deadline
                 return
             self._written = written
             self._on_transition("acquired")
-            log.info("became the leader", extra={**self._log_fields(), "term": term})
+            log.info("became the leader", extra={**self._log_fields(), "term": term, "lease_term": lease_term})
             self._on_started(term)
 
     def _step_down(self, reason: str, holder: str = "") -> None:
@@ -561,6 +573,14 @@ class LeaderElector:
 
     def _log_fields(self) -> dict[str, Any]:
         return {"lease": f"{self._namespace}/{self._name}", "identity": self._identity}
+
+
+def _run_hooks(hooks: list[Callable[[], None]], what: str) -> None:
+    for hook in list(hooks):
+        try:
+            hook()
+        except Exception:  # one hook failing must not keep the others from running
+            log.exception(f"{what} failed")
 
 
 def _micro_time(at: dt.datetime) -> str:
@@ -685,17 +705,14 @@ class Election:
                     "identity": self.leadership.identity,
                 },
             )
+            _run_hooks(self.leadership.on_serving, "a take-over hook")
 
     def _stopped_leading(self) -> None:
         with self._switch:
             self._registry.pause()
             if self._liveness is not None:
                 self._liveness.unwatch(self._registry.backends)
-        for hook in list(self.leadership.on_stopped_leading):
-            try:
-                hook()
-            except Exception:  # one hook failing must not keep the others from running
-                log.exception("a step-down hook failed")
+        _run_hooks(self.leadership.on_stopped_leading, "a step-down hook")
 
     def _api_error(self) -> None:
         if self._metrics is not None:

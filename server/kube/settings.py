@@ -52,16 +52,35 @@ class LeaderElectionConfig(ConfigModel):
     lease_duration: duration(2, 600) = 15.0  # type: ignore[valid-type]
     renew_deadline: duration(1, 600) = 10.0  # type: ignore[valid-type]
     retry_period: duration(0.1, 60) = 2.0  # type: ignore[valid-type]
+    # While this replica does not lead, a gRPC connection is sent away (GOAWAY) once it has been open this
+    # long and the replica has not led for this long: /readyz fails at once, and by then the kubelet has
+    # seen it (readinessProbe periodSeconds 2s + timeout 1s) and the Service's endpoints dropped it
+    # (about 2s), so the client's reconnection reaches the leader (docs/kubernetes.md).
+    follower_connection_age: duration(0.5, 600) = 5.0  # type: ignore[valid-type]
     _name = field_validator("lease_name", mode="before")(kube_object_name)
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
         """retry_period < renew_deadline < lease_duration: the leader gets several renewal tries before it
         stops writing, and stops before any other replica may take the Lease over."""
-        defaults = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0}
+        defaults = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 2.0, "follower_connection_age": 5.0}
         seconds = {key: _seconds_or_none(raw[key]) if key in raw else value for key, value in defaults.items()}
         lease, renew, retry = seconds["lease_duration"], seconds["renew_deadline"], seconds["retry_period"]
+        age = seconds["follower_connection_age"]
         errors = []
+        if lease is not None and renew is not None and age is not None and renew < lease and age > lease - renew:
+            errors.append(
+                rule_error(
+                    "follower_connection_age",
+                    f"follower_connection_age ({format_duration(age)}) is longer than lease_duration - "
+                    f"renew_deadline ({format_duration(lease - renew)}): after a replica cut off from the API "
+                    "server stops leading, the next one may be Ready while the CA's connection is still on the "
+                    "old one, whose every write is refused",
+                    f"make follower_connection_age at most {format_duration(lease - renew)} (it must also cover "
+                    "the readiness probe's period and timeout and the endpoints' update, about 5s with the "
+                    "shipped probe), or lengthen lease_duration",
+                )
+            )
         if lease is not None and renew is not None and renew >= lease:
             errors.append(
                 rule_error(

@@ -5,7 +5,9 @@ reserves, nor the hardware labels node-feature-discovery adds once a node has jo
 real node of the group knows both. This module watches the Node objects, maps each to its node group by
 ``spec.providerID`` through the registry, and when a node is Ready records its allocatable and capacity,
 the labels that describe its group (providers/node_labels.py: a stable allowlist plus
-``learned_templates.labels``, the same rule as for the labels the CA shows in NodeGroupForNode) and the
+``learned_templates.labels``, the same rule as for the labels the CA shows in NodeGroupForNode, without
+the labels known to name a machine or a moment, nor those found to differ between the group's nodes or to
+change on one node: a GPU node relabelled every minute teaches its template once) and the
 taints the config names (``learned_templates.taints``): never what an operator put on one node (a
 maintenance taint, a manual label), which would outlive that node. The pool's own labels and taints are
 not learned at all: the backend takes them from the cloud when it serves the template (the cloud's pool
@@ -39,14 +41,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
 from providers.backend import Backend
 from providers.model import LearnedTemplate, NodeTemplate, Taint
-from providers.node_labels import GroupLabels, KeyPatterns, machine_names
+from providers.node_labels import GroupLabels, KeyPatterns, LabelAgreement, machine_names
 from providers.registry import Registry
 from server.kube.client import KubeConnection, core_path
 from server.kube.settings import LearnedTemplatesConfig
@@ -241,19 +243,19 @@ def template_from_node(node: NodeFields, rules: LearningRules = DEFAULT_RULES) -
 
 def encode_learned(learned: LearnedTemplate) -> str:
     t = learned.template
-    return json.dumps(
-        {
-            "format": FORMAT_VERSION,
-            "node": learned.node_name,
-            "learned_at": learned.learned_at,
-            "labels": dict(sorted(t.labels.items())),
-            "taints": [{"key": x.key, "value": x.value, "effect": x.effect} for x in t.taints],
-            "capacity": dict(sorted(t.capacity.items())),
-            "allocatable": dict(sorted(t.allocatable.items())),
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    record: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "node": learned.node_name,
+        "learned_at": learned.learned_at,
+        "labels": dict(sorted(t.labels.items())),
+        "taints": [{"key": x.key, "value": x.value, "effect": x.effect} for x in t.taints],
+        "capacity": dict(sorted(t.capacity.items())),
+        "allocatable": dict(sorted(t.allocatable.items())),
+    }
+    if learned.varying_labels:
+        # Optional (an older server ignores it): the label keys kept out because they vary.
+        record["varying_labels"] = sorted(learned.varying_labels)
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
 
 class BadRecord(ValueError):
@@ -295,7 +297,10 @@ def decode_learned(text: str) -> LearnedTemplate:
         capacity=capacity,
         allocatable=_string_map(data, "allocatable", quantities=True),
     )
-    return LearnedTemplate(template, node, learned_at)
+    varying = data.get("varying_labels", [])
+    if not isinstance(varying, list) or not all(isinstance(k, str) for k in varying):
+        raise BadRecord("varying_labels is not a list of label keys")
+    return LearnedTemplate(template, node, learned_at, frozenset(varying))
 
 
 def configmap_name(settings: LearnedTemplatesConfig, backend: str) -> str:
@@ -373,6 +378,8 @@ class TemplateLearner:
         self._lock = threading.Lock()  # guards the fields below; never held over an API call
         self._records: dict[str, dict[str, LearnedTemplate]] = {name: {} for name in self._backends}
         self._teaching: dict[GroupKey, _Teaching] = {}
+        # Per group: what its nodes' labels agree on (a key that differs between nodes or over time varies).
+        self._agreements: dict[GroupKey, LabelAgreement] = {}
         self._roles: dict[str, GroupKey] = {}  # node name -> the group it teaches or would teach
         self._unmapped: dict[str, _Unmapped] = {}
         self._absent_since: dict[GroupKey, float] = {}  # groups with a record the cloud does not list
@@ -485,6 +492,7 @@ class TemplateLearner:
     def _forget_group(self, key: GroupKey) -> None:
         """Under the lock: drop a group's record and who taught it."""
         self._records.get(key[0], {}).pop(key[1], None)
+        self._agreements.pop(key, None)
         self._absent_since.pop(key, None)
         self._forgotten.add(key)
         teaching = self._teaching.pop(key, None)
@@ -544,45 +552,74 @@ class TemplateLearner:
     def _consider(self, backend: Backend, group_id: str, name: str, template: NodeTemplate) -> None:
         key = (backend.name, group_id)
         with self._lock:
+            # Labels first: a key whose value this node shows differently from another node of the group,
+            # or from what it showed before, varies; it leaves the template, and the record if it is there.
+            agreement = self._agreements.setdefault(key, LabelAgreement())
+            found = agreement.observe(template.labels)
+            template = replace(template, labels=agreement.agreed(template.labels))
             records = self._records.setdefault(backend.name, {})
             current = records.get(group_id)
-            teaching = self._teaching.get(key)
-            if current is not None and current.template == template:
-                if teaching is not None and teaching.teacher == name:
-                    teaching.teacher_current = True
-                    self._roles[name] = key
-                elif teaching is not None and teaching.candidate is not None and teaching.candidate[0] == name:
-                    teaching.candidate = None  # it teaches what is recorded: nothing to take over
-                    self._roles.pop(name, None)
-                return
-            if current is not None and teaching is not None and teaching.teacher != name and teaching.teacher_current:
-                # Its teacher is still Ready and unchanged: nodes that differ slightly (memory reported a
-                # few KiB apart) must not make the record flap. Remember one, to take over if it goes.
-                if teaching.candidate is not None and self._roles.get(teaching.candidate[0]) == key:
-                    del self._roles[teaching.candidate[0]]
-                teaching.candidate = (name, template)
-                self._roles[name] = key
-                return
-            learned = LearnedTemplate(template, name, _utc_now())
-            records[group_id] = learned
-            if teaching is not None:
-                for old in (teaching.teacher, teaching.candidate[0] if teaching.candidate else None):
-                    if old is not None and old != name and self._roles.get(old) == key:
-                        del self._roles[old]
-            self._teaching[key] = _Teaching(name, True)
-            self._roles[name] = key
-            self._dirty.add(backend.name)
-        backend.set_learned_template(group_id, learned)
-        log.info(
-            "learned the template of a node group from its node",
-            extra={
-                "backend": backend.name,
-                "node_group": group_id,
-                "node": name,
-                "allocatable": dict(template.allocatable),
-            },
-        )
+            pruned: LearnedTemplate | None = None
+            if current is not None and found & current.template.labels.keys():
+                kept = replace(current.template, labels=agreement.agreed(current.template.labels))
+                pruned = current = replace(current, template=kept, varying_labels=frozenset(agreement.varying))
+                records[group_id] = current
+                self._dirty.add(backend.name)
+            learned = self._teach_locked(key, current, name, template, frozenset(agreement.varying))
+        changed = learned or pruned
+        if changed is None:
+            return
+        backend.set_learned_template(group_id, changed)
+        if learned is None:
+            log.info(
+                "labels that differ between a node group's nodes, or change on a node, left its template",
+                extra={"backend": backend.name, "node_group": group_id, "labels": sorted(found)[:20]},
+            )
+        else:
+            log.info(
+                "learned the template of a node group from its node",
+                extra={
+                    "backend": backend.name,
+                    "node_group": group_id,
+                    "node": name,
+                    "allocatable": dict(template.allocatable),
+                    **({"varying_labels": sorted(learned.varying_labels)[:20]} if learned.varying_labels else {}),
+                },
+            )
         self._wake.set()
+
+    def _teach_locked(
+        self, key: GroupKey, current: LearnedTemplate | None, name: str, template: NodeTemplate, varying: frozenset[str]
+    ) -> LearnedTemplate | None:
+        """Under the lock: ``name``'s template (labels agreed) against the group's record; the new record
+        when it replaces it, else None."""
+        teaching = self._teaching.get(key)
+        if current is not None and current.template == template:
+            if teaching is not None and teaching.teacher == name:
+                teaching.teacher_current = True
+                self._roles[name] = key
+            elif teaching is not None and teaching.candidate is not None and teaching.candidate[0] == name:
+                teaching.candidate = None  # it teaches what is recorded: nothing to take over
+                self._roles.pop(name, None)
+            return None
+        if current is not None and teaching is not None and teaching.teacher != name and teaching.teacher_current:
+            # Its teacher is still Ready and unchanged: nodes that differ slightly (memory reported a
+            # few KiB apart) must not make the record flap. Remember one, to take over if it goes.
+            if teaching.candidate is not None and self._roles.get(teaching.candidate[0]) == key:
+                del self._roles[teaching.candidate[0]]
+            teaching.candidate = (name, template)
+            self._roles[name] = key
+            return None
+        learned = LearnedTemplate(template, name, _utc_now(), varying)
+        self._records.setdefault(key[0], {})[key[1]] = learned
+        if teaching is not None:
+            for old in (teaching.teacher, teaching.candidate[0] if teaching.candidate else None):
+                if old is not None and old != name and self._roles.get(old) == key:
+                    del self._roles[old]
+        self._teaching[key] = _Teaching(name, True)
+        self._roles[name] = key
+        self._dirty.add(key[0])
+        return learned
 
     def learned(self, backend: str) -> dict[str, LearnedTemplate]:
         with self._lock:
@@ -834,10 +871,12 @@ class TemplateLearner:
                     continue
                 kept = self.rules.filter(learned.template)
                 if kept != learned.template:
-                    learned = LearnedTemplate(kept, learned.node_name, learned.learned_at)
+                    learned = replace(learned, template=kept)
                     self._dirty.add(backend_name)  # rewrite it without what these rules do not learn
                 records[group_id] = learned
                 key = (backend_name, group_id)
+                # Its node's labels stand until a node shows others; the keys it found varying stay out.
+                self._agreements[key] = LabelAgreement(dict(kept.labels), set(learned.varying_labels))
                 self._teaching[key] = _Teaching(learned.node_name, False)
                 self._roles.setdefault(learned.node_name, key)
                 adopted.append((group_id, learned))

@@ -26,6 +26,7 @@ from tests.e2e.report import SUMMARY
 from tests.support.gobuild import GoBuildError
 
 DEFAULT_STEADY_SECONDS = 20.0
+DEFAULT_PARTITION_ROUNDS = 3
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,6 +36,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=None,
         help=f"length of the steady-state scenario (default {DEFAULT_STEADY_SECONDS:.0f}s; make e2e passes 180)",
+    )
+    parser.addoption(
+        "--partition-rounds",
+        type=int,
+        default=None,
+        help=f"rounds of the split-brain scenario (default {DEFAULT_PARTITION_ROUNDS}; make e2e passes 10)",
     )
 
 
@@ -87,6 +94,12 @@ def _steady_seconds(config: pytest.Config) -> float:
 @pytest.fixture
 def steady_seconds(request: pytest.FixtureRequest) -> float:
     return _steady_seconds(request.config)
+
+
+@pytest.fixture
+def partition_rounds_option(request: pytest.FixtureRequest) -> int:
+    value = _option(request.config, "--partition-rounds")
+    return int(value) if isinstance(value, int) else DEFAULT_PARTITION_ROUNDS
 
 
 @pytest.fixture

@@ -65,6 +65,18 @@ class ReadinessProxy:
             ready = [e for e in self.endpoints if e.ready]
         return ready[0] if ready else None
 
+    # What a fail-over scenario asks of the Service, whatever plays it (tests/e2e/failover.py, ``Service``).
+    def ready(self) -> str | None:
+        """The replica new connections go to now (None: no Ready endpoint)."""
+        endpoint = self.ready_endpoint()
+        return endpoint.name if endpoint is not None else None
+
+    def ready_since(self, replica: str) -> float | None:
+        """Wall-clock time ``replica`` last became a Ready endpoint (None: it is not one)."""
+        with self._lock:
+            found = [e for e in self.endpoints if e.name == replica and e.ready]
+        return found[0].ready_since if found else None
+
     # ------------------------------------------------------------------ readiness
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.probe_interval):

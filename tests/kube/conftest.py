@@ -7,6 +7,7 @@ exactly the rules the deployment ships, and see the feature work with those and 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 
 import pytest
@@ -43,7 +44,10 @@ def admin(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
 @pytest.fixture
 def namespace(admin: client.ApiClient, request: pytest.FixtureRequest) -> str:
     """A namespace of the test's own, so tests never see each other's Leases, ConfigMaps or Events."""
-    name = "t-" + "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:50].strip("-")
+    full = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())
+    # Cut to fit a name; parametrized tests differ at the end, which a short hash of the whole name keeps.
+    cut = full if len(full) <= 50 else full[:41].strip("-") + "-" + hashlib.sha256(full.encode()).hexdigest()[:8]
+    name = "t-" + cut.strip("-")
     core = client.CoreV1Api(admin)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     return name

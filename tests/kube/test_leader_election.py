@@ -48,6 +48,9 @@ SCENARIO = {
 }
 # Short, in the required order retry_period < renew_deadline < lease_duration, so a test takes seconds.
 LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD = 4.0, 3.0, 1.0
+# A replica that stops leading sends its connections away this long after (at most lease_duration -
+# renew_deadline, as the config requires).
+FOLLOWER_AGE = 1.0
 # A first sync of one small pool on loopback: well under a second; the bound leaves room for a busy machine.
 FIRST_SYNC_BOUND = 3.0
 HOSTS = {"replica-a": "127.0.0.1", "replica-b": "localhost"}
@@ -102,6 +105,8 @@ class Replicas:
         api_url: str = "",
         env: dict[str, str] | None = None,
         proxy_hook: Callable[[str, str], None] | None = None,
+        engine: str | None = None,
+        follower_age: float = FOLLOWER_AGE,
         **kube: Any,
     ) -> ServerProcess:
         """A replica named ``identity`` in the Lease (its RBAC user and, unless ``host`` says otherwise, the
@@ -131,9 +136,11 @@ class Replicas:
                     "lease_duration": f"{lease:g}s",
                     "renew_deadline": f"{renew:g}s",
                     "retry_period": f"{retry:g}s",
+                    "follower_connection_age": f"{min(follower_age, lease - renew):g}s",
                 },
                 **kube,
             },
+            **({"serving": {"engine": engine}} if engine else {}),
         )
         server = ServerProcess(config, workdir=self.tmp, name=name or identity, env=env)
         self.running.append(server)
@@ -306,10 +313,13 @@ def test_a_replica_that_stops_leading_sends_the_cas_connection_away(
     client.RbacAuthorizationV1Api(admin).delete_namespaced_role_binding("replica-a", namespace)
     closed = wait_for(
         lambda: not client_ports(first.grpc_port) & connected,
-        RENEW_DEADLINE + 5,
+        RENEW_DEADLINE + FOLLOWER_AGE + 5,
         "the replica that stopped leading closes the connection it had",
     )
-    print(f"\nconnection closed {closed:.2f}s after the API access was cut (renew deadline {RENEW_DEADLINE:g}s)")
+    print(
+        f"\nconnection closed {closed:.2f}s after the API access was cut (renew deadline {RENEW_DEADLINE:g}s, "
+        f"follower_connection_age {FOLLOWER_AGE:g}s)"
+    )
     assert not ready(first)
     # Still listening: the same channel reconnects and is told who leads now.
     refused = increase(first)
@@ -483,11 +493,19 @@ def test_an_older_terms_take_over_never_pauses_a_newer_terms_sync(replicas: Repl
 
 def test_a_followers_refresh_reads_nothing_from_the_cloud(replicas: Replicas, sim: ScalewaySimulator) -> None:
     # Issue 26, item 9: the CA's Refresh on a follower (one it reaches directly) started a cloud listing.
+    # Issue 30: it is refused, naming the leader, so the CA's loop ends there rather than deciding a
+    # scale-up from a view that does not sync and meeting a refused IncreaseSize.
     leader = replicas.start("replica-a")
     wait_for(lambda: ready(leader), 10, "the first replica leads and syncs")
     follower = replicas.start("replica-b")
     time.sleep(RETRY_PERIOD + 0.5)
-    follower.stub.Refresh(pb.RefreshRequest(), timeout=5)
+    with pytest.raises(grpc.RpcError) as refused:
+        follower.stub.Refresh(pb.RefreshRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Refresh refused" in (refused.value.details() or "") and "the leader is replica-a" in (
+        refused.value.details() or ""
+    )
+    leader.stub.Refresh(pb.RefreshRequest(), timeout=5)
     time.sleep(1)
     assert requests_from(sim, "replica-b") == [], "a follower's Refresh reached the cloud"
 
@@ -587,3 +605,22 @@ def test_a_stopping_leader_writes_its_final_status_before_it_hands_the_lease_bac
     leader.stop()
     assert target_shown() == "2", "the status left behind is not the one the server stopped in"
     assert replicas.holder() == "", "the Lease was handed back after the final writes"
+
+
+def test_each_cloud_write_names_the_lease_holder_and_its_term(replicas: Replicas, sim: ScalewaySimulator) -> None:
+    # Issue 30, item 3: a cloud write must be told to one leadership term. Each carries the Lease holder (the
+    # replica's identity and its process suffix) and the Lease's leaseTransitions as that holder wrote it,
+    # raised by every acquisition, after a hand-back too.
+    first = replicas.start("replica-a")
+    wait_for(lambda: ready(first), 10, "the first replica leads and syncs")
+    second = replicas.start("replica-b")
+    assert increase(first) is None
+    holder_a = replicas.lease().spec.holder_identity
+    first.stop()  # hands the Lease back
+    wait_for(lambda: ready(second), RETRY_PERIOD + FIRST_SYNC_BOUND + 2, "the second replica leads and syncs")
+    assert increase(second) is None
+    lease = replicas.lease()
+    writers = [r.headers.get("ca-externalgrpc-writer") for r in sim.requests.filter("update_pool", "PATCH")]
+    assert writers == [f"{holder_a}; term=0", f"{lease.spec.holder_identity}; term=1"], writers
+    assert lease.spec.lease_transitions == 1
+    assert [r.headers.get("ca-externalgrpc-writer") for r in sim.requests.filter(method="GET")][-1] is None

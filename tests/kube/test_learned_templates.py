@@ -29,6 +29,7 @@ from tests.deploy.chart import CA_1_36_1, sidecar_roles
 from tests.e2e.control_plane import ControlPlane
 from tests.kube.polling import wait_for
 from tests.kube.rbac import bind_user
+from tests.support.gfd import A100_NODE, PER_MACHINE_OR_MOMENT, relabelled
 
 CONFIGMAP = "ca-externalgrpc-templates-bizfly"  # <configmap_prefix>-<backend name>
 COMPUTE = "5f959e0ac0b18944d0a4f13b"  # demo pool "compute": nix.4c_8g, one running machine
@@ -342,5 +343,100 @@ def test_the_record_of_a_node_group_the_cloud_no_longer_lists_is_deleted(
         wait_for("the compute pool stored", lambda: COMPUTE in stored(admin, namespace))
         wait_for("the deleted pool's record gone", lambda: GONE not in stored(admin, namespace))
         assert set(stored(admin, namespace)) == {COMPUTE}
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- labels that vary
+def learned_lines(server: ServerProcess, group: str) -> list[dict[str, Any]]:
+    """The server's log records saying a group's record changed (a new record, or labels taken out of it)."""
+    records = []
+    for line in server.output.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            if record.get("nodeGroup") == group and record.get("msg", "").startswith(
+                ("learned the template of a node group", "labels that differ between a node group's nodes")
+            ):
+                records.append(record)
+    return records
+
+
+def configmap_writes(server: ServerProcess) -> list[str]:
+    return [line for line in server.output.splitlines() if '"learned templates written"' in line and CONFIGMAP in line]
+
+
+def relabel(admin: client.ApiClient, name: str, labels: dict[str, str]) -> None:
+    client.CoreV1Api(admin).patch_node(name, {"metadata": {"labels": labels}})
+
+
+def test_an_unchanged_gpu_node_relabelled_by_gpu_feature_discovery_teaches_its_template_once(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    # Issue 30, item 4: every label under nvidia.com/ was kept, GFD's timestamp too, which GFD rewrites every
+    # minute: each relabel made a new record (a ConfigMap write, a log line, the cached templates dropped),
+    # and the template served carried one old node's timestamp.
+    server = start_server(bizfly, server_user, namespace, tmp_path, learning={})
+    try:
+        ref = machine(bizfly, COMPUTE)
+        name = machine_node(admin, nodes, ref)
+        relabel(admin, name, A100_NODE)
+        first = wait_for(
+            "the GPU labels recorded",
+            lambda: (r := stored(admin, namespace).get(COMPUTE)) and "nvidia.com/gpu.product" in r["labels"] and r,
+        )
+        assert first["labels"].keys() >= A100_NODE.keys() - PER_MACHINE_OR_MOMENT
+        assert not first["labels"].keys() & PER_MACHINE_OR_MOMENT
+        records, writes = len(learned_lines(server, COMPUTE)), len(configmap_writes(server))
+        for at in range(10):  # ten passes of GFD, a minute apart on a real node
+            relabel(admin, name, relabelled(A100_NODE, 1764780060 + 60 * at))
+            time.sleep(0.1)
+        # Then a change that does describe the machine, so the relabels before it are known to have been seen.
+        relabel(admin, name, {"feature.node.kubernetes.io/pci-10de.present": "true"})
+        wait_for(
+            "the last change recorded",
+            lambda: "feature.node.kubernetes.io/pci-10de.present" in stored(admin, namespace)[COMPUTE]["labels"],
+        )
+        changes = learned_lines(server, COMPUTE)[records:]
+        written = len(configmap_writes(server)) - writes
+        print(f"\n10 GFD relabels, then one real change: {len(changes)} record(s), {written} ConfigMap write(s)")
+        assert len(changes) == 1, "\n".join(json.dumps(c) for c in changes)  # the last change only
+        assert written == 1
+        labels = dict(template_of(server, COMPUTE).metadata.labels)
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB" and "nvidia.com/gfd.timestamp" not in labels
+    finally:
+        server.stop()
+
+
+def test_a_label_whose_value_differs_between_a_groups_nodes_leaves_its_template(
+    bizfly: BizflySimulator, admin: client.ApiClient, namespace: str, server_user: Path, nodes: list[str], tmp_path
+) -> None:
+    server = start_server(bizfly, server_user, namespace, tmp_path, learning={})
+    try:
+        first, second = machine(bizfly, GENERAL, 0), machine(bizfly, GENERAL, 1)
+        machine_node(admin, nodes, first, flavor="nix.2c_4g")
+        relabel(admin, first["name"], A100_NODE)
+        wait_for(
+            "the first node's labels recorded",
+            lambda: (r := stored(admin, namespace).get(GENERAL)) and "nvidia.com/gpu.product" in r["labels"],
+        )
+        # The second node of the pool has another driver (a node upgraded before the other, say).
+        machine_node(admin, nodes, second, flavor="nix.2c_4g")
+        relabel(admin, second["name"], {**A100_NODE, "nvidia.com/cuda.driver.minor": "127"})
+
+        def pruned() -> dict[str, Any] | None:
+            record = stored(admin, namespace)[GENERAL]
+            return record if "nvidia.com/cuda.driver.minor" not in record["labels"] else None
+
+        record = wait_for("the driver label out of the record", pruned)
+        assert record["varying_labels"] == ["nvidia.com/cuda.driver.minor"]
+        assert record["labels"]["nvidia.com/cuda.driver.major"] == "550", "what both nodes agree on stays"
+        labels = dict(template_of(server, GENERAL).metadata.labels)
+        assert "nvidia.com/cuda.driver.minor" not in labels and labels["nvidia.com/gpu.count"] == "8"
+        changes = learned_lines(server, GENERAL)
+        assert [c["msg"].split(" ")[0] for c in changes] == ["learned", "learned", "labels"], changes
+        # After a restart the key stays out, though the first node, read first, still shows its old value.
+        server.restart()
+        wait_for("the record loaded", lambda: "learned" in debug_of(server, GENERAL))
+        assert "nvidia.com/cuda.driver.minor" not in dict(template_of(server, GENERAL).metadata.labels)
     finally:
         server.stop()

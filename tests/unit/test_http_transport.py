@@ -32,9 +32,11 @@ from providers.errors import (
     NotLeader,
 )
 from providers.http_transport import (
+    WRITER_HEADER,
     BreakerSettings,
     HttpTransport,
     RetryPolicy,
+    WriteGrant,
     parse_retry_after,
     proxy_for,
 )
@@ -654,6 +656,20 @@ def test_the_write_gate_is_asked_once_the_connection_is_ready_not_before(server,
     transport.guard_writes(gate)
     transport.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 2})
     assert gate.asked == ["PATCH /pools/{id}"] and len(server.seen) == 1
+
+
+def test_a_write_carries_the_writer_its_gate_names_and_only_then(server, sleeps):
+    # Issue 30: with leader election every cloud write names the Lease holder and its term, so the cloud's
+    # (or a proxy's) request log tells which leadership term made it; reads and ungated writes carry nothing.
+    transport = make(server, sleeps)
+    transport.guard_writes(lambda what: WriteGrant(5.0, "replica-a_1a2b3c4d; term=7"))
+    transport.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 2})
+    transport.request("GET", "/pools", endpoint="/pools", deadline=deadline())
+    plain = make(server, sleeps)
+    plain.guard_writes(Gate())
+    plain.request("PATCH", "/pools/p1", endpoint="/pools/{id}", deadline=deadline(), json_body={"size": 3})
+    writers = [seen.headers.get(WRITER_HEADER.lower()) for seen in server.seen]
+    assert writers == ["replica-a_1a2b3c4d; term=7", None, None]
 
 
 # ---------------------------------------------------------------------- the wire: query, body, headers, redirects

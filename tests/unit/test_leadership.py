@@ -36,7 +36,7 @@ def test_a_follower_names_the_leader_it_last_saw() -> None:
     role = leadership(Clock())
     role.observed("pod-b")
     with pytest.raises(NotLeader, match="NodeGroupIncreaseSize refused: .* the leader is pod-b"):
-        role.check_mutation("NodeGroupIncreaseSize")
+        role.check_serving("NodeGroupIncreaseSize")
     assert role.readiness() == (False, "follower; leader is pod-b")
 
 
@@ -46,10 +46,10 @@ def test_a_new_leader_writes_to_the_cloud_but_serves_mutations_only_after_its_fi
     term = role.acquired(clock.now)
     role.check_write("PATCH /pools/{pool_id}")
     with pytest.raises(NotLeader, match="has just become the leader and syncs"):
-        role.check_mutation("NodeGroupIncreaseSize")
+        role.check_serving("NodeGroupIncreaseSize")
     assert role.readiness() == (False, "leader (pod-a), first sync pending")
     assert role.synced(term)
-    role.check_mutation("NodeGroupIncreaseSize")
+    role.check_serving("NodeGroupIncreaseSize")
     assert role.readiness() == (True, "leader (pod-a)")
 
 
@@ -111,7 +111,7 @@ def test_a_refusal_after_a_step_down_says_why() -> None:
     role.synced(role.acquired(clock.now))
     assert role.lost(reason="could not renew the Lease within renew_deadline (10s)")
     with pytest.raises(NotLeader, match=r"not the leader .* not known yet \(it stopped leading: could not renew"):
-        role.check_mutation("NodeGroupIncreaseSize")
+        role.check_serving("NodeGroupIncreaseSize")
     assert not role.lost(), "already a follower"
 
 
@@ -168,3 +168,20 @@ def test_durations_must_be_ordered_retry_then_renew_then_lease() -> None:
     assert "retry_period" in found[1] and "shorter than renew_deadline" in found[1]
     # Against the defaults too: a lone lease_duration of 5s is below the default renew_deadline of 10s.
     assert any("renew_deadline" in p for p in _problems({"lease_duration": "5s"}))
+
+
+def test_a_followers_connections_leave_before_the_next_leader_can_be_ready() -> None:
+    # Issue 30: the CA's connection must leave a replica that stopped leading (cut off from the API server)
+    # before the next one can take the Lease, lease_duration - renew_deadline later.
+    assert _problems({"follower_connection_age": "5s"}) == []  # the defaults: 15s - 10s
+    (found,) = _problems({"lease_duration": "12s", "follower_connection_age": "3s"})
+    assert "follower_connection_age (3s) is longer than lease_duration - renew_deadline (2s)" in found
+    assert "at most 2s" in found
+    assert _problems({"lease_duration": "4s", "renew_deadline": "3s", "retry_period": "1s"})  # 5s default > 1s
+    assert (
+        _problems(
+            {"lease_duration": "4s", "renew_deadline": "3s", "retry_period": "1s", "follower_connection_age": "1s"}
+        )
+        == []
+    )
+    assert "follower_connection_age" in _problems({"follower_connection_age": "0.1s"})[0]  # below 0.5s

@@ -3,7 +3,9 @@ override > learned > cloud in the Backend (with an in-memory adapter: no cloud i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from providers.backend import Backend
 from providers.deadline import Deadline
 from providers.model import CloudListing, GroupState, Instance, LearnedTemplate, NodeRef, NodeTemplate, Taint
+from providers.node_labels import GroupLabels, LabelAgreement
 from server.config import TemplateOverride
 from server.kube.settings import LearnedTemplatesConfig
 from server.kube.templates import (
@@ -23,6 +26,7 @@ from server.kube.templates import (
     node_fields,
     template_from_node,
 )
+from tests.support.gfd import A100_NODE, PER_MACHINE_OR_MOMENT, relabelled
 
 NAME = "big-ke1m4ea3-node-1b7o259o"
 PHYSICAL = "380208a9-ad45-423d-bb1a-11df587fd280"
@@ -252,3 +256,62 @@ def test_a_pool_that_now_makes_another_machine_type_falls_back_to_the_cloud() ->
     b, _ = backend(cloud=other)
     b.set_learned_template("big", LEARNED)
     assert b.template("big") == other and b.template_source("big") == "cloud"
+
+
+# ------------------------------------------------------------------------------------------ labels that vary
+def test_labels_that_name_a_machine_or_a_moment_are_never_kept_under_a_kept_prefix() -> None:
+    # GPU feature discovery's real label set (tests/support/gfd.py): all under nvidia.com/, which is kept.
+    kept = GroupLabels().keep(A100_NODE)
+    assert kept.keys() == A100_NODE.keys() - PER_MACHINE_OR_MOMENT
+    assert kept["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB" and kept["nvidia.com/gpu.count"] == "8"
+    clique = {"nvidia.com/gpu.clique": "7b1f3c2e-uuid.1", "nvidia.com/gpu.imex-domain": "9a7c-uuid.1"}
+    assert GroupLabels().keep({**A100_NODE, **clique}) == kept
+    assert GroupLabels().keep({"nvidia.com/network-driver-upgrade-state": "upgrade-required"}) == {}
+
+
+def test_a_label_that_differs_between_nodes_or_changes_on_one_varies_for_good() -> None:
+    agreement = LabelAgreement()
+    assert agreement.observe({"zone": "a", "disk": "ssd", "node.kubernetes.io/instance-type": "t1"}) == set()
+    # Another node: the same zone, another disk; a key it lacks says nothing (not labelled yet).
+    assert agreement.observe({"zone": "a", "disk": "hdd"}) == {"disk"}
+    # The first node again, a label changed on it over time; a machine type that changes is no variance.
+    assert agreement.observe({"zone": "b", "disk": "ssd", "node.kubernetes.io/instance-type": "t2"}) == {"zone"}
+    assert agreement.varying == {"disk", "zone"}
+    assert agreement.agreed({"zone": "a", "disk": "ssd", "gpu": "1", "node.kubernetes.io/instance-type": "t2"}) == {
+        "gpu": "1",
+        "node.kubernetes.io/instance-type": "t2",
+    }
+    assert agreement.observe({"zone": "a", "disk": "ssd"}) == set(), "a varying key never comes back"
+
+
+def test_the_labels_the_ca_shows_vary_the_same_way() -> None:
+    b, adapter = backend()
+    gpu = {**A100_NODE, "node.kubernetes.io/instance-type": "nix.4c_16g"}
+    assert b.observe_node("big", gpu, "gpu-1")
+    # GFD relabels the node: only its timestamp changes, which is never kept, so nothing changes.
+    for at in range(10):
+        assert not b.observe_node("big", relabelled(gpu, 1764780060 + 60 * at), "gpu-1")
+    # Another node of the group with another driver: the driver's labels vary from now on.
+    upgraded = {**gpu, "nvidia.com/cuda.driver.minor": "127", "nvidia.com/cuda.driver-version.full": "550.127.05"}
+    assert b.observe_node("big", upgraded, "gpu-2")
+    b.template("big")
+    assert adapter.observed is not None
+    assert "nvidia.com/cuda.driver.minor" not in adapter.observed
+    assert "nvidia.com/cuda.driver-version.full" not in adapter.observed
+    assert adapter.observed["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+
+
+def test_a_record_keeps_the_keys_found_varying_across_a_restart() -> None:
+    learned = LearnedTemplate(
+        template_from_node(node()),  # type: ignore[arg-type]
+        NAME,
+        "2026-12-03T18:00:00Z",
+        frozenset({"nvidia.com/cuda.driver.minor"}),
+    )
+    text = encode_learned(learned)
+    assert json.loads(text)["varying_labels"] == ["nvidia.com/cuda.driver.minor"]
+    assert decode_learned(text) == learned
+    plain = replace(learned, varying_labels=frozenset())
+    assert "varying_labels" not in encode_learned(plain), "a record without any is written as before"
+    with pytest.raises(BadRecord):
+        decode_learned(text.replace('["nvidia.com/cuda.driver.minor"]', '"nvidia.com/cuda.driver.minor"'))
