@@ -48,6 +48,7 @@ CA_FLAGS = {"unremovable-node-recheck-timeout": "5s"}
 @dataclass(frozen=True)
 class RealLabel:
     cloud: str
+    backend: str  # the backend's name in the environment's config (its ConfigMap's suffix)
     pool: str  # at zero
     label: str  # the label real nodes carry ...
     value: str  # ... with this value, which the pods select
@@ -57,8 +58,8 @@ class RealLabel:
         return {self.label: self.value, **dict(self.also_selects)}
 
 
-INSTANCE_TYPE = RealLabel("scaleway", "pro", "node.kubernetes.io/instance-type", "PRO2-XXS")
-REGION = RealLabel("bizfly", "batch", "topology.kubernetes.io/region", "HN", (("workload", "batch"),))
+INSTANCE_TYPE = RealLabel("scaleway", "scw", "pro", "node.kubernetes.io/instance-type", "PRO2-XXS")
+REGION = RealLabel("bizfly", "bizfly", "batch", "topology.kubernetes.io/region", "HN", (("workload", "batch"),))
 CASES = (INSTANCE_TYPE, REGION)
 
 
@@ -74,7 +75,7 @@ def served(env: E2EEnvironment, group: str) -> tuple[dict[str, str], str]:
 def stored(env: E2EEnvironment, case: RealLabel, group: str) -> bool:
     """Whether the group's learned template is in its backend's ConfigMap (what a restart reads)."""
     try:
-        cm = env.core.read_namespaced_config_map(f"{TEMPLATES_PREFIX}-{case.cloud}", "kube-system")
+        cm = env.core.read_namespaced_config_map(f"{TEMPLATES_PREFIX}-{case.backend}", "kube-system")
     except Exception:  # not written yet
         return False
     return bool(json.loads((cm.data or {}).get(group, "null")))
