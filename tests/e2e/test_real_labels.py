@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 
@@ -112,26 +113,33 @@ def test_pods_selecting_real_node_labels_scale_both_clouds_from_zero_before_and_
     assert env.scaleway_pool("pro")["node_type"] == "pro2_xxs"  # the API's spelling, not the label's
 
     # Before: from the templates built from the pools.
-    first = {}
+    first: dict[RealLabel, str] = {}
     for case in CASES:
         check_template(env, case, groups[case], "template=cloud")
         what = f"scale-from-zero on {case.label}={case.value} ({case.cloud})"
         first[case] = scale_from_zero(env, case, groups[case], f"first-{case.cloud}", what)
-        env.wait_for(lambda c=case: stored(env, c, groups[c]), 60, f"the {case.cloud} {case.pool} template stored")
+        env.wait_for(partial(stored, env, case, groups[case]), 60, f"the {case.cloud} {case.pool} template stored")
 
     # The pods leave, the CA removes the empty nodes, both pools are at zero again.
     for case in CASES:
         env.delete_pod_at(f"first-{case.cloud}")
+
+    def emptied(case: RealLabel) -> bool:
+        return machines(env, case.cloud, case.pool) == []
+
+    def node_gone(case: RealLabel) -> bool:
+        return first[case] not in env.nodes()
+
     for case in CASES:
-        env.wait_for(lambda c=case: machines(env, c.cloud, c.pool) == [], 180, f"the empty {case.cloud} node removed")
-        env.wait_for(lambda c=case: first[c] not in env.nodes(), 60, f"the {case.cloud} node's Node object gone")
+        env.wait_for(partial(emptied, case), 180, f"the empty {case.cloud} node removed")
+        env.wait_for(partial(node_gone, case), 60, f"the {case.cloud} node's Node object gone")
 
     # A restart of the pod that holds both (the sidecar layout): nothing in memory, the templates learned.
     env.ca.stop()
     env.ours.kill()
     env.ours.start_again()
     env.ca.start()
-    second = {}
+    second: dict[RealLabel, str] = {}
     for case in CASES:
         check_template(env, case, groups[case], f"template=learned from node {first[case]} at")
         what = f"scale-from-zero on {case.label}={case.value} after a restart, learned template ({case.cloud})"
