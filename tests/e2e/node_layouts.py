@@ -263,8 +263,10 @@ class StopOrder:
 
 CONTAINERD_TIME = re.compile(r'^time="([^"]+)"')
 STOP_LINE = re.compile(r'StopContainer for \\"([0-9a-f]{64})\\" with timeout')
+# containerd logs the event in protobuf's text form, whose spacing Go's protobuf varies on purpose from one
+# build of a program to another (one or two spaces between fields), and which leaves out a zero ``nanos``.
 EXIT_LINE = re.compile(
-    r'received container exit event container_id:\\"([0-9a-f]{64})\\".*exited_at:\{seconds:(\d+) nanos:(\d+)\}'
+    r'received container exit event container_id:\\"([0-9a-f]{64})\\".*exited_at:\{seconds:(\d+)(?:\s+nanos:(\d+))?\s*\}'
 )
 
 
@@ -279,7 +281,7 @@ def stop_order(env: NodeEnvironment, ids: dict[str, str]) -> StopOrder:
             if when:
                 requested.setdefault(by_id[stop.group(1)], _rfc3339(when.group(1)))
         elif (gone := EXIT_LINE.search(line)) and gone.group(1) in by_id:
-            exited.setdefault(by_id[gone.group(1)], int(gone.group(2)) + int(gone.group(3)) / 1e9)
+            exited.setdefault(by_id[gone.group(1)], int(gone.group(2)) + int(gone.group(3) or 0) / 1e9)
     return StopOrder(requested, exited)
 
 
