@@ -266,7 +266,8 @@ STOP_LINE = re.compile(r'StopContainer for \\"([0-9a-f]{64})\\" with timeout')
 # containerd logs the event in protobuf's text form, whose spacing Go's protobuf varies on purpose from one
 # build of a program to another (one or two spaces between fields), and which leaves out a zero ``nanos``.
 EXIT_LINE = re.compile(
-    r'received container exit event container_id:\\"([0-9a-f]{64})\\".*exited_at:\{seconds:(\d+)(?:\s+nanos:(\d+))?\s*\}'
+    r'received container exit event container_id:\\"([0-9a-f]{64})\\"'
+    r".*exited_at:\{seconds:(\d+)(?:\s+nanos:(\d+))?\s*\}"
 )
 
 
