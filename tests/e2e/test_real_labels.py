@@ -27,12 +27,12 @@ from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
 from tests.e2e.environment import E2EEnvironment, StartEnvironment, bizfly_pool, measure, scaleway_pool, with_kubernetes
 from tests.e2e.pools import machines, pool_size, two_clouds
+from tests.e2e.replicas import TEMPLATES_PREFIX
 from tests.e2e.report import publish, record_timing
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 LEARNING = {"learned_templates": {"enabled": True, "min_write_interval": "1s"}}
-TEMPLATES_PREFIX = "ca-externalgrpc-templates"  # one ConfigMap per backend: <prefix>-<backend name>
 # Each cloud: a pool holding one node, and a pool at zero that only the selecting pods fit.
 LAYOUT = two_clouds(
     [scaleway_pool("general", "DEV1-M", 1, 1, 2), scaleway_pool("pro", "PRO2-XXS", 0, 0, 2)],
