@@ -37,7 +37,7 @@ def instance_status(status: str, error_message: str = "") -> tuple[InstanceState
     if status in DELETING_STATUSES:
         return InstanceState.DELETING, None
     if status == "creation_error":
-        # CREATING + error is what the CA core treats as a failed scale-up (docs/protocol.md, "Instance status").
+        # CREATING + error is what the CA core treats as a failed scale-up (docs/reference/protocol.md, "Instance status").
         error_class = ErrorClass.OUT_OF_RESOURCES if _OUT_OF_RESOURCES.search(error_message) else ErrorClass.OTHER
         return InstanceState.CREATING, InstanceError(
             "creation_error", error_message or "scaleway node could not be created", error_class

@@ -451,7 +451,7 @@ class Lab:
 
     # ----- client configuration ---------------------------------------------------------------------
     def write_cloud_config(self, path: Path) -> Path:
-        """The CA's ``--cloud-config`` for the externalgrpc provider (docs/protocol.md, "Cloud-config and TLS")."""
+        """The CA's ``--cloud-config`` for the externalgrpc provider (docs/reference/protocol.md, "Cloud-config and TLS")."""
         endpoint = self.endpoint
         body: dict[str, Any] = {"address": endpoint.address, "grpc_timeout": "5s"}
         if endpoint.pki is not None:
