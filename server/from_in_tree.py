@@ -380,7 +380,7 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
         )
     if value[BIZFLY_TENANT_ID]:
         # The in-tree client sent it as X-Tenant-Id; it is the project id (the Bizfly cloud-controller-manager
-        # passes the same variable on as one), sent as X-Project-ID (docs/bizfly.md, "Authentication").
+        # passes the same variable on as one), sent as X-Project-ID (docs/reference/bizfly.md, "Authentication").
         backend["project_id"] = value[BIZFLY_TENANT_ID]
     conversion.env = dict(env)
     conversion.backend = backend

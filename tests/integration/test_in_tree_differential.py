@@ -171,7 +171,7 @@ BZ_EMPTY = "d1ff00000000000000000003"
 BZ_FIXED = "d1ff00000000000000000004"
 # The in-tree provider's own words first, then what the real API (its Senlin node statuses) and a stopped
 # VM show. "error" is a failed creation, "ERROR" a failed health check of a node that served (by their
-# Senlin reasons): only the first is a failed scale-up (docs/bizfly.md, "Status mapping").
+# Senlin reasons): only the first is a failed scale-up (docs/reference/bizfly.md, "Status mapping").
 BZ_STATUSES = (
     "running",
     "provisioning",
@@ -752,7 +752,7 @@ def test_bizfly_refresh_node_groups_and_targets_are_the_same(bizfly: tuple[Sides
 
 
 # Bizfly statuses the in-tree provider does not know (it reports no state, with an error the CA ignores
-# for a machine without a state), and what ours reports (docs/bizfly.md, "Status mapping").
+# for a machine without a state), and what ours reports (docs/reference/bizfly.md, "Status mapping").
 BZ_KNOWN_STATE_DIFFERENCES = {
     "error": pb.InstanceStatus.instanceCreating,  # with an error: a failed scale-up, backed off and cleaned up
     "ACTIVE": pb.InstanceStatus.instanceRunning,
