@@ -1,6 +1,6 @@
 """The externalgrpc CloudProvider servicer: proto in, domain call, proto out.
 
-Thin by design (docs/architecture.md, "Layers"): it never talks HTTP, translates messages, and maps
+Thin by design (docs/explanation/architecture.md, "Layers"): it never talks HTTP, translates messages, and maps
 domain errors through the one table in server/errors.py. Generation quirks live in server/compat.py.
 Hot reads are answered from prebuilt messages cached per snapshot version.
 """
