@@ -1,4 +1,5 @@
-"""The node-group model every cloud maps onto (one model for every cloud; docs/explanation/architecture.md, "Layers")."""
+"""The node-group model every cloud maps onto (one model for every cloud; docs/explanation/architecture.md,
+"Layers")."""
 
 from __future__ import annotations
 
