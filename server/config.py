@@ -192,7 +192,7 @@ class ServingConfig(ConfigModel):
     idle_timeout: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
     # A connection open this long (+/-10 %) gets GOAWAY and its calls get max_connection_age_grace before it
     # is closed (grpc-go's MaxConnectionAge and MaxConnectionAgeGrace; 0: never). The backstop that sends a
-    # client through its Service again, to the replica that leads (docs/kubernetes.md).
+    # client through its Service again, to the replica that leads (docs/explanation/kubernetes.md).
     max_connection_age: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
     # What calls get after their connection was sent away (its age, or a replica that stopped leading).
     max_connection_age_grace: duration(0, 3600) = 10.0  # type: ignore[valid-type]

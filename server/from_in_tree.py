@@ -86,7 +86,7 @@ SERVER_SETTINGS: Mapping[str, Mapping[str, Any]] = {
             "client_ca": "/etc/ca-externalgrpc/tls/ca.crt",
         },
         "shutdown_grace": "15s",
-        # Two replicas behind the Service: only the Lease holder writes (docs/kubernetes.md).
+        # Two replicas behind the Service: only the Lease holder writes (docs/explanation/kubernetes.md).
         "kubernetes": {
             "leader_election": {
                 "enabled": True,

@@ -1,8 +1,8 @@
 """A server with its four Kubernetes features at work loads none of the client's generated API or model classes.
 
 Importing one generated API class (``CoreV1Api``, ``CoordinationV1Api``) loads about 250 model modules,
-about 21 MiB of RSS (docs/kubernetes.md, "Memory and CPU"); the features go through the connection's raw
-JSON calls instead (server/kube/client.py). The server runs as a child process with
+about 21 MiB of RSS (docs/evidence/kubernetes-features.md, "Memory and CPU"); the features go through the
+connection's raw JSON calls instead (server/kube/client.py). The server runs as a child process with
 ``PYTHONPROFILEIMPORTTIME=1``, so the interpreter itself names every module it imports, from any thread.
 Each feature makes its calls before the list is read: the replica takes the Lease, learns a Node's
 template, journals and reports a scale-up, and at its stop writes its last status and releases the Lease.
