@@ -468,7 +468,7 @@ def dump(document: Any) -> str:
 def config_yaml(conversion: Conversion) -> str:
     head = (
         f"# ca-externalgrpc config converted from the CA's in-tree {conversion.provider} provider "
-        f"({conversion.layout} layout; docs/migration.md).\n"
+        f"({conversion.layout} layout; docs/reference/in-tree-differences.md).\n"
         "# Secrets are named by the variable that holds them, never written here.\n"
     )
     return head + dump(conversion.config)

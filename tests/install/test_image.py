@@ -294,11 +294,14 @@ def docs_command(doc: str, starts: str, image: str) -> str:
 
 
 def test_the_migration_guides_podman_line_converts_from_the_image(image: str, tmp_path: Path) -> None:
-    # docs/migration.md: from-in-tree run from our image, the CA's Secret as a file, `> config.yaml`.
+    # docs/reference/in-tree-differences.md: from-in-tree run from our image, the CA's Secret as a file,
+    # `> config.yaml`.
     (tmp_path / "credentials.env").write_text(
         f"CLUSTER_ID=11111111-2222-3333-4444-555555555555\nSCW_SECRET_KEY={SCW_SECRET}\nSCW_REGION=fr-par\n"
     )
-    command = docs_command("migration.md", "CONTAINERS_CONF=deploy/containers.conf podman run", image)
+    command = docs_command(
+        "reference/in-tree-differences.md", "CONTAINERS_CONF=deploy/containers.conf podman run", image
+    )
     assert command.endswith(" config from-in-tree --cloud-provider scaleway > config.yaml"), command
     done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -30,7 +30,7 @@ from tests.support.gobuild import BinaryNotBuilt, binary_path
 
 README = REPO_ROOT / "README.md"
 OPERATIONS = REPO_ROOT / "docs" / "operations.md"
-MIGRATION = REPO_ROOT / "docs" / "migration.md"
+MIGRATION = REPO_ROOT / "docs" / "reference" / "in-tree-differences.md"
 DEMO_ADDRESS = "127.0.0.1:8086"  # what the docs write; the tests serve on a free port instead
 
 
@@ -191,7 +191,7 @@ def test_operations_status_output_with_a_wrong_secret_key_is_what_status_prints(
     assert done.stdout.splitlines() == shown
 
 
-# ---------------------------------------------------------------------------------------------- migration.md
+# ---------------------------------------------------------------------------- reference/in-tree-differences.md
 def test_migration_problem_example_is_what_from_in_tree_prints(tmp_path: Path) -> None:
     shown = plain_block(MIGRATION, "environment with `BIZFLYCLOUD_AUTH_METHOD=password`")
     (tmp_path / "credentials.env").write_text(
