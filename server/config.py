@@ -169,7 +169,7 @@ class TLSConfig(ConfigModel):
 
 
 class ServingConfig(ConfigModel):
-    """The gRPC port: which engine serves it, and what one client may hold (docs/operations.md)."""
+    """The gRPC port: which engine serves it, and what one client may hold (docs/reference/config.md)."""
 
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
     # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py); it is a
@@ -501,7 +501,7 @@ def validate(
     env = os.environ if env is None else env
     if not isinstance(raw, Mapping):
         found = "an empty file" if raw is None else f"a {type(raw).__name__}"
-        fix = "write key: value pairs, starting from the example in docs/operations.md"
+        fix = "write key: value pairs, starting from the example in docs/how-to/configure.md"
         return Validation(None, (ConfigProblem("(top level)", f"expected a mapping, found {found}", fix),))
     prepared, sources = _with_environment(raw, env, offline)
     context = {"env": env, "offline": offline, "base": base or Path.cwd()}

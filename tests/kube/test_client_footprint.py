@@ -71,8 +71,8 @@ def test_the_image_serves_the_four_kubernetes_features_without_the_files_it_leav
     tmp_path: Path,
 ) -> None:
     """The image leaves the client's asyncio copy and aiohttp out and its generated classes uncompiled
-    (docs/operations.md, "Size"): the same four features at work there, as the read-only, non-root
-    container of the manifests, against the real API server."""
+    (docs/reference/image.md, "What the image leaves out"): the same four features at work there, as the
+    read-only, non-root container of the manifests, against the real API server."""
     image = built_image()  # skipped without podman; "run make image" when missing or stale
     server, lease = start_server_mtls_replica(control_plane, admin, namespace, cloud, tmp_path, image=image)
     try:
