@@ -1,16 +1,6 @@
 """The ``scaleway:`` mapping of a backend; the upstream environment variables override it.
 
-Keys besides the ones every cloud has (``request_timeout``, ``max_attempts``: providers/config_values.py):
-
-==================  ===========================================================================
-``cluster_id``      the Kapsule cluster id (required)
-``region``          default ``fr-par``
-``api_url``         default ``https://api.scaleway.com``; ``http://`` only for loopback addresses
-``secret_key``      the IAM secret key sent as ``X-Auth-Token`` (or use ``secret_key_env``)
-``secret_key_env``  name of an environment variable holding the secret key, so the file can
-                    stay free of it
-==================  ===========================================================================
-
+Its keys are described under each field below (and in docs/reference/config.md, generated from them).
 Upstream reads only ``CLUSTER_ID``, ``SCW_SECRET_KEY``, ``SCW_REGION`` and ``SCW_API_URL`` (its
 config file is never read, because of a shadowed variable). We follow the upstream README instead:
 the file is read, and those variables override it when they are non-empty and this is the only
@@ -67,9 +57,14 @@ class ScalewayConfig(CloudSettings):
     SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("secret_key",)
 
     cluster_id: Annotated[str, BeforeValidator(_cluster_id)] = Field("", validate_default=True)
+    """The Kapsule cluster's id (Scaleway console > Kubernetes > the cluster > ID)."""
     region: Annotated[str, BeforeValidator(_region)] = DEFAULT_REGION
+    """The cluster's region: `fr-par`, `nl-ams`, `pl-waw`..."""
     api_url: api_base_url("https://api.scaleway.com") = DEFAULT_API_URL  # type: ignore[valid-type]
+    """The Scaleway API."""
     secret_key: Secret = Field("", validate_default=True)
+    """The secret key of an IAM API key, sent as `X-Auth-Token`. Keep it out of the file: name the variable
+    that holds it in `secret_key_env`, or set `SCW_SECRET_KEY`."""
 
     @field_validator("secret_key")
     @classmethod
