@@ -115,6 +115,10 @@ CA_CLOUD_CONFIGS: Mapping[str, Mapping[str, str]] = {
         "grpc_timeout": "10s",
     },
 }
+#: the chart's Deployment strategy in both layouts, as deploy/helm's values files set it: one CA pod at a time (a
+#: rolling update would run the old and the new CA side by side, and the sidecar's size changes in flight
+#: live in its memory)
+UPDATE_STRATEGY: Mapping[str, str] = {"type": "Recreate"}
 #: the Secret the deploy/ layouts mount into the server; the in-tree CA's variables keep their names there
 CREDENTIALS_SECRET = "ca-externalgrpc-credentials"
 SIDECAR_IMAGE = "ca-externalgrpc-server:0.2.0"
@@ -542,6 +546,7 @@ def migrated_values(conversion: Conversion, current: Mapping[str, Any], secret: 
     values = {k: v for k, v in current.items() if k != "envFromSecret"}  # the CA needs no cloud credentials
     values["cloudProvider"] = "externalgrpc"
     values["extraArgs"] = {**(current.get("extraArgs") or {}), "cloud-config": CA_CLOUD_CONFIG_PATH}
+    values["updateStrategy"] = dict(UPDATE_STRATEGY)
     if "autoDiscovery" not in values:
         # The chart renders nothing without one of these; externalgrpc makes no flag of it.
         values["autoDiscovery"] = {"clusterName": "my-cluster"}

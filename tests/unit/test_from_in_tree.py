@@ -287,6 +287,7 @@ def test_helm_values_are_the_shipped_ones_with_the_converted_config() -> None:
     assert values["extraVolumes"] == shipped["extraVolumes"]
     assert values["extraVolumeMounts"] == shipped["extraVolumeMounts"]
     assert values["extraArgs"]["cloud-config"] == shipped["extraArgs"]["cloud-config"]
+    assert values["updateStrategy"] == shipped["updateStrategy"] == {"type": "Recreate"}
     assert "envFromSecret" not in values and values["cloudProvider"] == "externalgrpc"
     objects = {o["metadata"]["name"]: o["data"] for o in values["extraObjects"]}
     assert yaml.safe_load(objects["ca-externalgrpc-config"]["config.yaml"]) == conversion.config
@@ -300,7 +301,7 @@ def test_helm_values_of_the_service_layout_are_the_shipped_ones() -> None:
     conversion = convert("bizflycloud", BIZFLY_PASSWORD_ENV, layout="service")
     values = from_in_tree.migrated_values(conversion, {"cloudProvider": "bizflycloud", "extraArgs": {"v": 4}}, "x")
     shipped = yaml.safe_load((DEPLOY / "helm" / "values-mtls-service.yaml").read_text())
-    for key in ("extraVolumes", "extraVolumeMounts", "podLabels"):
+    for key in ("extraVolumes", "extraVolumeMounts", "podLabels", "updateStrategy"):
         assert values[key] == shipped[key], key
     assert values["extraArgs"] == {"v": 4, "cloud-config": "/config/cloud-config"}  # the operator's flags stay
     assert "initContainers" not in values and "extraObjects" not in values
