@@ -252,6 +252,16 @@ def one_of(
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def give_variable(name: str, what: str, context: Mapping[str, Any] | None) -> str:
+    """How to give the server the environment variable ``name`` (holding ``what``): in the environment of its
+    container, where ``serve`` runs; with a shell export as well where the command runs in a shell
+    (``validate``: the context's ``shell``)."""
+    container = f"set {name} in the server container's environment (a key of the Secret its envFrom names)"
+    if (context or {}).get("shell"):
+        return f"export {name}=<{what}> to check it here; for the server, {container}"
+    return container
+
+
 @dataclass(frozen=True)
 class EnvReference:
     """``<secret>_env: NAME`` from the file: the secret is read from variable NAME."""
@@ -289,7 +299,7 @@ def secret_value(value: Any, info: ValidationInfo) -> str:
         if not found:
             raise problem(
                 f"environment variable {value.name} is not set or empty",
-                f"export {value.name} with the {name.replace('_', ' ')} (e.g. from a Kubernetes Secret)",
+                give_variable(value.name, f"the {name.replace('_', ' ')}", context),
                 key=env_key,
             )
         return found

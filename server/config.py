@@ -593,16 +593,23 @@ def _with_environment(
 
 
 def validate(
-    raw: Any, env: Mapping[str, str] | None = None, base: Path | None = None, *, offline: bool = False
+    raw: Any,
+    env: Mapping[str, str] | None = None,
+    base: Path | None = None,
+    *,
+    offline: bool = False,
+    shell: bool = False,
 ) -> Validation:
-    """Every problem of a parsed YAML document. ``offline``: needs no secret and reads no named file."""
+    """Every problem of a parsed YAML document. ``offline``: needs no secret and reads no named file.
+    ``shell``: the command runs in an operator's shell (``validate``), not in the server's container, so a
+    missing variable's fix may be a shell export."""
     env = os.environ if env is None else env
     if not isinstance(raw, Mapping):
         found = "an empty file" if raw is None else f"a {type(raw).__name__}"
         fix = "write key: value pairs, starting from the example in docs/operations.md"
         return Validation(None, (ConfigProblem("(top level)", f"expected a mapping, found {found}", fix),))
     prepared, sources = _with_environment(raw, env, offline)
-    context = {"env": env, "offline": offline, "base": base or Path.cwd()}
+    context = {"env": env, "offline": offline, "base": base or Path.cwd(), "shell": shell}
     placeholders = _placeholders(raw)
     try:
         config = ServerConfig.model_validate(prepared, context=context)
@@ -705,13 +712,15 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError.single("--config", f"{path} is not valid YAML ({err})", "fix the YAML syntax") from None
 
 
-def validate_file(path: str | Path, env: Mapping[str, str] | None = None, *, offline: bool = False) -> Validation:
+def validate_file(
+    path: str | Path, env: Mapping[str, str] | None = None, *, offline: bool = False, shell: bool = False
+) -> Validation:
     path = Path(path)
     try:
         raw = _read_yaml(path)
     except ConfigError as err:
         return Validation(None, err.problems)
-    return validate(raw, env, base=path.parent, offline=offline)
+    return validate(raw, env, base=path.parent, offline=offline, shell=shell)
 
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> ServerConfig:

@@ -15,7 +15,15 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
-from providers.config_values import CloudSettings, Secret, api_base_url, not_checked, problem, validate_cloud_settings
+from providers.config_values import (
+    CloudSettings,
+    Secret,
+    api_base_url,
+    give_variable,
+    not_checked,
+    problem,
+    validate_cloud_settings,
+)
 
 DEFAULT_API_URL = "https://api.scaleway.com"
 DEFAULT_REGION = "fr-par"
@@ -31,7 +39,9 @@ def _cluster_id(value: Any, info: ValidationInfo) -> str:
     if value is not None and not isinstance(value, str):
         raise problem(f"expected a string, got {type(value).__name__}", "quote the cluster id")
     if not text:
-        fix = "set cluster_id to the cluster's id (Scaleway console > Kubernetes > cluster > ID) or export CLUSTER_ID"
+        fix = "set cluster_id to the cluster's id (Scaleway console > Kubernetes > cluster > ID), or " + give_variable(
+            "CLUSTER_ID", "the cluster id", info.context
+        )
         if (info.context or {}).get("offline"):
             raise not_checked("not in the file; expected from CLUSTER_ID at run time", fix)
         raise problem("the Kapsule cluster id is not set", fix)
@@ -70,7 +80,9 @@ class ScalewayConfig(CloudSettings):
     @classmethod
     def _secret_key_is_set(cls, value: str, info: ValidationInfo) -> str:
         if not value:
-            fix = "set secret_key_env to the name of an environment variable holding the key, or export SCW_SECRET_KEY"
+            fix = "set secret_key_env to the name of an environment variable holding the key, or " + give_variable(
+                "SCW_SECRET_KEY", "the secret key", info.context
+            )
             if (info.context or {}).get("offline"):
                 raise not_checked("no key in the file; read from the environment at run time", fix)
             raise problem("the Scaleway secret key is not set", fix)

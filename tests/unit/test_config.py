@@ -331,6 +331,38 @@ def test_a_bad_value_from_the_environment_names_the_variable():
     assert problem.key == "environment variable SCW_REGION (for backends[0].scaleway.region)"
 
 
+def test_a_missing_variable_is_fixed_in_the_container_for_serve_and_by_export_for_validate(tmp_path):
+    """serve runs in a pod: no shell to export in; the fix is the container's environment (its Secret).
+    validate runs in a shell: an export checks it there, and the container still needs the variable."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"backends": [{"type": "scaleway", "scaleway": {"cluster_id": CLUSTER, "secret_key_env": "SCW_KEY"}}]}
+        )
+    )
+    container = "set SCW_KEY in the server container's environment (a key of the Secret its envFrom names)"
+    served = run_cli("serve", "--config", str(path))
+    assert served.returncode == 2
+    assert served.stderr.strip() == (
+        "error: backends[0].scaleway.secret_key_env: environment variable SCW_KEY is not set or empty. "
+        f"Fix: {container}"
+    )
+    validated = run_cli("validate", "--config", str(path))
+    assert validated.returncode == 1
+    assert validated.stdout.splitlines()[1] == (
+        "  - backends[0].scaleway.secret_key_env: environment variable SCW_KEY is not set or empty. "
+        f"Fix: export SCW_KEY=<the secret key> to check it here; for the server, {container}"
+    )
+    path.write_text(yaml.safe_dump({"backends": [{"type": "scaleway", "scaleway": {"secret_key_env": "SCW_KEY"}}]}))
+    served = run_cli("serve", "--config", str(path), env={"SCW_KEY": SECRET})
+    assert served.stderr.strip() == (
+        "error: backends[0].scaleway.cluster_id: the Kapsule cluster id is not set. Fix: set cluster_id to the "
+        "cluster's id (Scaleway console > Kubernetes > cluster > ID), or set CLUSTER_ID in the server container's "
+        "environment (a key of the Secret its envFrom names)"
+    )
+    assert "export" not in served.stderr
+
+
 def test_the_secret_never_shows_in_the_parsed_config_or_in_errors():
     parsed = parse(config(), env={})
     assert SECRET not in repr(parsed) and SECRET not in str(parsed.backends[0].cloud)

@@ -363,6 +363,16 @@ def test_from_in_tree_names_every_problem_of_a_broken_input_and_fails(tmp_path: 
         "  - environment variable BIZFLYCLOUD_API_URL (for backends[0].bizfly.api_url)",
     ]
     assert all(". Fix: " in line for line in lines[1:])
+    # The variables came from the file: the fix is a line of that file, not an export in this shell.
+    assert lines[1].endswith(
+        "Fix: add the line CLUSTER_NAME=<the cluster UID from the Bizfly dashboard, e.g. ke1m4ea3j8w6kkvp> "
+        f"to {env_file}"
+    )
+    assert lines[2].endswith(f"Fix: add the line BIZFLYCLOUD_EMAIL=<the login e-mail> to {env_file}")
+    from_environment = run_cli(
+        "config", "from-in-tree", "--cloud-provider", "bizflycloud", env={"BIZFLYCLOUD_AUTH_METHOD": "password"}
+    )
+    assert from_environment.stderr.splitlines()[2].endswith("Fix: export BIZFLYCLOUD_EMAIL=<the login e-mail>")
 
 
 @pytest.mark.parametrize(
