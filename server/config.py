@@ -553,6 +553,17 @@ class Validation:
     shape: tuple[tuple[str, int], bool] | None = None
 
 
+def _intended_cloud(backend: Any) -> str:
+    """The cloud a backend is for: its ``type``, or, when that names no cloud (``scalway``, or no type), the
+    one cloud mapping it has. A misspelt type is then one problem, its did-you-mean: the mapping gets the
+    upstream variables it would get with the right type, so no key they set is reported missing too."""
+    if not isinstance(backend, Mapping):
+        return ""
+    cloud = str(backend.get("type"))
+    present = [name for name in CLOUD_MODELS if isinstance(backend.get(name), Mapping)]
+    return present[0] if cloud not in CLOUD_MODELS and len(present) == 1 else cloud
+
+
 def _with_environment(
     raw: Mapping[str, Any], env: Mapping[str, str], offline: bool
 ) -> tuple[dict[str, Any], dict[tuple[Any, ...], str]]:
@@ -562,7 +573,7 @@ def _with_environment(
     backends = raw.get("backends")
     if not isinstance(backends, list):
         return prepared, sources
-    clouds = [str(b.get("type")) if isinstance(b, Mapping) else "" for b in backends]
+    clouds = [_intended_cloud(b) for b in backends]
     prepared_backends: list[Any] = []
     for index, (backend, cloud) in enumerate(zip(backends, clouds, strict=True)):
         if isinstance(backend, Mapping) and cloud not in CLOUD_MODELS:

@@ -575,6 +575,32 @@ def test_a_misspelt_type_is_one_problem_that_says_did_you_mean():
     ]  # and no "scaleway.secret_key_env: unknown key ... use one of: ..., secret_key_env"
 
 
+@pytest.mark.parametrize(
+    ("backend", "env"),
+    [
+        ({"type": "scalway", "scaleway": {"region": "fr-par"}}, {"CLUSTER_ID": CLUSTER, "SCW_SECRET_KEY": SECRET}),
+        (
+            {"type": "bizfy", "bizfly": {"region": "HN"}},
+            {
+                "CLUSTER_NAME": "ke1m4ea3j8w6kkvp",
+                "BIZFLYCLOUD_EMAIL": "ops@example.com",
+                "BIZFLYCLOUD_PASSWORD": SECRET,
+            },
+        ),
+    ],
+    ids=["scaleway", "bizfly"],
+)
+def test_a_misspelt_type_does_not_hide_what_the_upstream_variables_set(backend, env):
+    """The shipped layouts give the cluster and the key in the upstream variables: with a misspelt type
+    they still apply to the backend's one cloud mapping, so the did-you-mean is the only problem (it
+    came with two false "is not set" ones)."""
+    result = validate({"backends": [backend]}, env=env)
+    cloud = next(key for key in backend if key != "type")
+    assert [(p.key, p.fix) for p in result.problems] == [("backends[0].type", f"write {cloud}")]
+    fixed = validate({"backends": [{**backend, "type": cloud}]}, env=env)
+    assert fixed.config is not None, fixed.problems  # the type was the one mistake
+
+
 def test_a_type_far_from_any_cloud_lists_the_clouds():
     (only,) = validate({"backends": [_backend(type="aws")]}, env={}, offline=True).problems
     assert only.fix == "use one of: scaleway, bizfly"
