@@ -212,9 +212,10 @@ def test_status_command_prints_groups_sizes_and_backend_health(worked):
     _, _, status, _ = worked
     assert status.returncode == 0, status.stderr
     header, *rows = status.stdout.splitlines()
-    assert header.split()[:6] == ["ID", "BACKEND", "MIN", "MAX", "TARGET", "INSTANCES"]
+    assert header.split()[:7] == ["ID", "NAME", "BACKEND", "MIN", "MAX", "TARGET", "INSTANCES"]
     general = next(r for r in rows if r.startswith(GENERAL)).split()
-    assert general[1:5] == ["scw", "1", "4", "2"]  # 2 + 1 increased - 1 deleted
+    assert general[1] == "general"  # the pool's name in the console, next to the UUID the CA uses
+    assert general[2:6] == ["scw", "1", "4", "2"]  # 2 + 1 increased - 1 deleted
     assert general[-3].endswith("s")  # snapshot age
     assert general[-2] == "cloud"  # the template's source: no override, nothing learned
     assert "backend scw (scaleway): healthy, serving, 3 group(s), snapshot age " in status.stdout
