@@ -19,10 +19,12 @@ page differs from what the code makes of it, and that ``make reference`` regener
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import inspect
 import re
 import sys
+import textwrap
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +69,28 @@ def _source_of(obj: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- config.md
+
+
+def field_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """The docstring under each field of ``model`` and of its bases, read from their source. (pydantic's
+    ``use_attribute_docstrings`` reads the same, but at every import of the server: about 25 ms and the
+    modules' source held in memory, for text only this page uses.)"""
+    found: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if not issubclass(cls, BaseModel) or cls is BaseModel:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for node, after in zip(body.body, body.body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                found[node.target.id] = inspect.cleandoc(after.value.value)
+    return found
 
 
 def _unwrap(annotation: Any) -> tuple[Any, str | None]:
@@ -196,10 +220,11 @@ def _walk(model: type[BaseModel], path: str, meaning: str, sections: list[_Secti
     required = _required(model)
     overrides: Mapping[str, str] = model.ENV_OVERRIDES if issubclass(model, CloudSettings) else {}
     secrets: Sequence[str] = model.SECRET_FIELDS if issubclass(model, CloudSettings) else ()
+    docstrings = field_docstrings(model)
     for name, field in model.model_fields.items():
         key = field.alias or name
         full = f"{path}.{key}" if path else key
-        description = field.description or ""
+        description = docstrings.get(name) or field.description or ""
         if not description.strip():
             owner = next(c for c in model.__mro__ if name in c.__dict__.get("__annotations__", {}))
             gaps.append(
