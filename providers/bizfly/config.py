@@ -174,11 +174,11 @@ class BizflyConfig(CloudSettings):
     app_credential_id: Text = ""
     """The application credential's id (application-credential login)."""
     password: Secret = ""
-    """The account's password (password login); keep it out of the file with `password_env` or
-    `BIZFLYCLOUD_PASSWORD`."""
+    """The account's password (password login). Keep it out of the file: give it in the environment
+    variable below, or name another one in `password_env`."""
     app_credential_secret: Secret = ""
-    """The application credential's secret; keep it out of the file with `app_credential_secret_env` or
-    `BIZFLYCLOUD_APP_CREDENTIAL_SECRET`."""
+    """The application credential's secret. Keep it out of the file: give it in the environment variable
+    below, or name another one in `app_credential_secret_env`."""
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:

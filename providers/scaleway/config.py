@@ -73,8 +73,8 @@ class ScalewayConfig(CloudSettings):
     api_url: api_base_url("https://api.scaleway.com") = DEFAULT_API_URL  # type: ignore[valid-type]
     """The Scaleway API."""
     secret_key: Secret = Field("", validate_default=True)
-    """The secret key of an IAM API key, sent as `X-Auth-Token`. Keep it out of the file: name the variable
-    that holds it in `secret_key_env`, or set `SCW_SECRET_KEY`."""
+    """The secret key of an IAM API key (not its access key), sent as `X-Auth-Token`. Keep it out of the
+    file: give it in the environment variable below, or name another one in `secret_key_env`."""
 
     @field_validator("secret_key")
     @classmethod
