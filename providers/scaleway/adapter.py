@@ -141,6 +141,7 @@ def to_group(pool: Pool, nodes: Iterable[Node], region: str) -> GroupState:
         instances=to_instances(nodes),
         template=pool_template(pool, region),
         debug=debug_line(pool),
+        name=pool.name,
         price_per_hour=pool.node_price_per_hour,
         cloud_data=pool,
     )

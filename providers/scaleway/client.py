@@ -151,7 +151,8 @@ class ScalewayClient:
             "scaleway",
             config.api_url,
             user_agent=f"{PROJECT_USER_AGENT} cluster-id/{config.cluster_id}",
-            auth=lambda _refresh: {"X-Auth-Token": secret},  # a static key: nothing to refresh
+            # A static key: a 401 refuses it for good, so the request is never repeated with it.
+            headers={"X-Auth-Token": secret},
             error_message=scaleway_error_message,
             retry=retry or RetryPolicy(attempts=config.max_attempts),
             breaker=breaker,

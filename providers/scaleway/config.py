@@ -1,16 +1,6 @@
 """The ``scaleway:`` mapping of a backend; the upstream environment variables override it.
 
-Keys besides the ones every cloud has (``request_timeout``, ``max_attempts``: providers/config_values.py):
-
-==================  ===========================================================================
-``cluster_id``      the Kapsule cluster id (required)
-``region``          default ``fr-par``
-``api_url``         default ``https://api.scaleway.com``; ``http://`` only for loopback addresses
-``secret_key``      the IAM secret key sent as ``X-Auth-Token`` (or use ``secret_key_env``)
-``secret_key_env``  name of an environment variable holding the secret key, so the file can
-                    stay free of it
-==================  ===========================================================================
-
+Its keys are described under each field below (and in docs/reference/config.md, generated from them).
 Upstream reads only ``CLUSTER_ID``, ``SCW_SECRET_KEY``, ``SCW_REGION`` and ``SCW_API_URL`` (its
 config file is never read, because of a shadowed variable). We follow the upstream README instead:
 the file is read, and those variables override it when they are non-empty and this is the only
@@ -25,7 +15,15 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
-from providers.config_values import CloudSettings, Secret, api_base_url, not_checked, problem, validate_cloud_settings
+from providers.config_values import (
+    CloudSettings,
+    Secret,
+    api_base_url,
+    give_variable,
+    not_checked,
+    problem,
+    validate_cloud_settings,
+)
 
 DEFAULT_API_URL = "https://api.scaleway.com"
 DEFAULT_REGION = "fr-par"
@@ -41,7 +39,9 @@ def _cluster_id(value: Any, info: ValidationInfo) -> str:
     if value is not None and not isinstance(value, str):
         raise problem(f"expected a string, got {type(value).__name__}", "quote the cluster id")
     if not text:
-        fix = "set cluster_id to the cluster's id (Scaleway console > Kubernetes > cluster > ID) or export CLUSTER_ID"
+        fix = "set cluster_id to the cluster's id (Scaleway console > Kubernetes > cluster > ID), or " + give_variable(
+            "CLUSTER_ID", "the cluster id", info.context
+        )
         if (info.context or {}).get("offline"):
             raise not_checked("not in the file; expected from CLUSTER_ID at run time", fix)
         raise problem("the Kapsule cluster id is not set", fix)
@@ -67,15 +67,22 @@ class ScalewayConfig(CloudSettings):
     SECRET_FIELDS: ClassVar[tuple[str, ...]] = ("secret_key",)
 
     cluster_id: Annotated[str, BeforeValidator(_cluster_id)] = Field("", validate_default=True)
+    """The Kapsule cluster's id (Scaleway console > Kubernetes > the cluster > ID)."""
     region: Annotated[str, BeforeValidator(_region)] = DEFAULT_REGION
+    """The cluster's region: `fr-par`, `nl-ams`, `pl-waw`..."""
     api_url: api_base_url("https://api.scaleway.com") = DEFAULT_API_URL  # type: ignore[valid-type]
+    """The Scaleway API."""
     secret_key: Secret = Field("", validate_default=True)
+    """The secret key of an IAM API key (not its access key), sent as `X-Auth-Token`. Keep it out of the
+    file: give it in the environment variable below, or name another one in `secret_key_env`."""
 
     @field_validator("secret_key")
     @classmethod
     def _secret_key_is_set(cls, value: str, info: ValidationInfo) -> str:
         if not value:
-            fix = "set secret_key_env to the name of an environment variable holding the key, or export SCW_SECRET_KEY"
+            fix = "set secret_key_env to the name of an environment variable holding the key, or " + give_variable(
+                "SCW_SECRET_KEY", "the secret key", info.context
+            )
             if (info.context or {}).get("offline"):
                 raise not_checked("no key in the file; read from the environment at run time", fix)
             raise problem("the Scaleway secret key is not set", fix)
