@@ -17,6 +17,7 @@ from providers.model import ErrorClass, InstanceState, NodeRef, Taint
 from providers.scaleway import CLOUD_TYPE
 from providers.scaleway.adapter import (
     SYNTHETIC_ID_PREFIX,
+    AutoscaledPools,
     ScalewayAdapter,
     debug_line,
     node_price,
@@ -280,7 +281,9 @@ def test_only_autoscaled_pools_become_groups_and_orphan_nodes_are_dropped():
     ]
     nodes = [make_node("n1", "p1"), make_node("n2", "p1"), make_node("n3", "p2"), make_node("n4", "p3")]
     nodes.append(make_node("n5", "missing-pool"))
-    groups = {g.id: g for g in to_groups(pools, nodes, "fr-par")}
+    selected, problems = AutoscaledPools().select(pools)
+    groups = {g.id: g for g in to_groups(selected, nodes, "fr-par")}
+    assert problems == []
     assert set(groups) == {"p1", "p2"}
     assert len(groups["p1"].instances) == 2
     assert len(groups["p2"].instances) == 1
