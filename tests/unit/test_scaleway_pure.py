@@ -27,6 +27,7 @@ from providers.scaleway.adapter import (
 from providers.scaleway.client import (
     Node,
     Pool,
+    ServerType,
     _parse_node,
     _parse_pool,
     is_auth_failure,
@@ -37,10 +38,15 @@ from providers.scaleway.config import ScalewayConfig, parse_config
 from providers.scaleway.statuses import instance_status
 from providers.scaleway.templates import (
     GPU_LABEL,
+    catalog_machine,
     instance_type,
     parse_taints,
     pool_template,
+    reserved_memory,
+    reserved_millicores,
     same_instance_type,
+    tag_labels,
+    tag_taints,
 )
 
 SECRET = "11111111-2222-3333-4444-555555555555"
@@ -490,3 +496,86 @@ def test_secret_never_in_repr_or_str():
     assert SECRET not in repr(config)
     assert SECRET not in str(config)
     assert config.secrets == (SECRET,)
+
+
+# ---------------------------------------------------------------------- public mode
+
+
+@pytest.mark.parametrize(
+    ("tag", "label"),
+    [
+        ("word", ("k8s.scaleway.com/word", "")),
+        ("noprefix=word", ("word", "")),
+        ("equal1=value", ("k8s.scaleway.com/equal1", "value")),
+        ("noprefix=node.kubernetes.io/role=myrole", ("node.kubernetes.io/role", "myrole")),
+        ("equal6= =value", ("k8s.scaleway.com/equal6", "value")),
+        ("colon4: value", ("k8s.scaleway.com/colon4", "value")),
+        ("two space word", ("k8s.scaleway.com/two", "space")),
+        ("noprefix=a/b/c=d", None),  # two slashes
+        ("noprefix=/b=c", None),  # an empty domain
+        ("bad_=x", None),  # a key must end alphanumeric
+        ("taint=k=v:NoSchedule", None),  # a taint, not a label
+    ],
+)
+def test_pool_tags_become_node_labels_as_the_cloud_controller_manager_documents(tag, label):
+    # The cases of the controller's own table (scaleway-cloud-controller-manager, scaleway/sync_test.go).
+    assert tag_labels([tag]) == (dict([label]) if label else {})
+
+
+@pytest.mark.parametrize(
+    ("tag", "taint"),
+    [
+        ("taint=word=word:NoExecute", ("k8s.scaleway.com/word", "word:NoExecute")),
+        ("taint=noprefix=dash-word=dash-word:PreferNoSchedule", ("dash-word", "dash-word:PreferNoSchedule")),
+        ("taint=noprefix=node.k8s.io/dash=x:NoSchedule", ("node.k8s.io/dash", "x:NoSchedule")),
+        ("taint=gpu:NoSchedule", ("k8s.scaleway.com/gpu", "NoSchedule")),
+        ("taint=dash-word=dash-word:foo", None),  # not an effect
+        ("taint=dash-word=dash-word", None),  # no effect
+        ("taint=", None),
+    ],
+)
+def test_taint_tags_become_node_taints(tag, taint):
+    assert tag_taints([tag]) == (dict([taint]) if taint else {})
+
+
+def test_the_reservations_of_our_reading_grow_slower_than_the_machine():
+    assert [reserved_millicores(c) for c in (1, 2, 4, 8)] == [60, 70, 80, 90]
+    mib = 1024**2
+    assert reserved_memory(4 * 1024 * mib) == 1024 * mib + 100 * mib  # a quarter of 4 GiB, and the eviction 100 Mi
+    assert reserved_memory(8 * 1024 * mib) < reserved_memory(16 * 1024 * mib) < 16 * 1024 * mib // 4
+
+
+def test_a_catalog_machine_carries_the_types_resources_and_the_pools_volume_and_pods():
+    server = ServerType("L4-1-24G", 8, 48 * 1024**3, 1, "L4", "x86_64", 0.7875)
+    machine = catalog_machine(server, make_pool(node_type="l4_1_24g", root_volume_size=100_000_000_000, max_pods=50))
+    assert machine.capacity == {
+        "cpu": "8",
+        "memory": str(48 * 1024**3),
+        "pods": "50",
+        "ephemeral-storage": "100000000000",
+        "nvidia.com/gpu": "1",
+    }
+    assert machine.allocatable["cpu"] == "7910m" and machine.allocatable["ephemeral-storage"] == "90000000000"
+    assert (machine.arch, machine.price_per_hour) == ("amd64", 0.7875)
+    arm = catalog_machine(replace(server, gpus=0, arch="arm64"), make_pool(node_type="coparm1_4c_16g"))
+    assert arm.arch == "arm64" and "ephemeral-storage" not in arm.capacity and arm.capacity["pods"] == "110"
+
+
+def test_public_mode_config_mistakes_are_named_with_their_fix():
+    base = {"cluster_id": "c", "secret_key": SECRET, "mode": "public"}
+    with pytest.raises(ConfigError) as info:
+        parse_config(KEY, base, {}, True)
+    assert f"{KEY}.pools: the public mode manages only the pools it is given" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            KEY,
+            {**base, "pools": {"Bad Name": {"min_size": 0, "max_size": 1}, "a": {"min_size": 4, "max_size": 2}}},
+            {},
+            True,
+        )
+    assert "is not a Kapsule pool name or id" in str(info.value) and "min_size 4 is above max_size 2" in str(info.value)
+    with pytest.raises(ConfigError, match=r"pools is read only in the public mode.*set mode: public, or remove pools"):
+        parse_config(KEY, {**base, "mode": "private", "pools": {"a": {"min_size": 0, "max_size": 1}}}, {}, True)
+    config = parse_config(KEY, {**base, "pools": {"workers": {"min_size": 0, "max_size": 4}}}, {}, True)
+    assert config.public and config.pools["workers"].max_size == 4
+    assert not parse_config(KEY, {"cluster_id": "c", "secret_key": SECRET}, {}, True).public  # private by default
