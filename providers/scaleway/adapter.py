@@ -339,14 +339,14 @@ class ScalewayAdapter(CloudAdapter):
         # public API has one.
         if self.client.public:
             try:
-                pools: Iterable[Pool] = [self.client.get_pool(group_id, deadline)]
+                pools = [self.client.get_pool(group_id, deadline)]
             except CloudRequestRejected as err:
                 if err.status == 404 and _names(err, POOL_RESOURCES):
                     raise NodeGroupNotFound(group_id) from err
                 raise
-            chosen, _ = self.selection.select([*pools, *(p for p in self._pools.values() if p.id != group_id)])
         else:
-            chosen, _ = self.selection.select(self.client.list_pools(deadline).items)
+            pools = list(self.client.list_pools(deadline).items)
+        chosen, _ = self.selection.select(pools)  # its findings are the listing's to log
         selected = next((s for s in chosen if s.pool.id == group_id), None)
         if selected is None:
             raise NodeGroupNotFound(group_id)
