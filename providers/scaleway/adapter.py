@@ -251,7 +251,8 @@ class CatalogCache:
     """The Instance product catalog of each zone the groups are in (public mode), read at most once an hour.
 
     A failed read keeps the copy in hand (prices and types change rarely); with none, the pools of that
-    zone have no template or price until a later listing reads it, and the failure is logged once."""
+    zone have no template or price until a later listing reads it. A failed read is tried again, and
+    logged, at most once a minute."""
 
     def __init__(self, client: ScalewayClient, clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
@@ -360,7 +361,7 @@ class ScalewayAdapter(CloudAdapter):
         if tuple(problems) != self._problems:
             self._problems = tuple(problems)
             for line in problems:
-                log.warning(line, extra={"cluster_id": self.config.cluster_id})
+                log.warning("%s", line, extra={"cluster_id": self.config.cluster_id})
         return selected
 
     def _catalog_machines(self, pools: Iterable[Pool], deadline: Deadline) -> dict[str, Machine]:

@@ -8,24 +8,19 @@ the public endpoints only, and a deletion is the node DELETE alone (docs/scalewa
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from providers.backend import Backend, SyncSettings
-from providers.deadline import Deadline
+from providers.backend import Backend
 from providers.errors import ChangeOutcomeUnknown, NodeGroupNotFound, SizeLimitExceeded
-from providers.http_transport import BreakerSettings, RetryPolicy
-from providers.model import NodeRef, Taint
-from providers.scaleway.adapter import ScalewayAdapter
-from providers.scaleway.config import ScalewayConfig
+from providers.model import Taint
 from providers.scaleway.templates import reserved_memory, reserved_millicores
 from simulators.common.faults import Fault
 from simulators.scaleway.simulator import ScalewaySimulator
+from tests.integration.test_scaleway_backend import SECRET, deadline, make_backend, node_ref, wait_for
 
-SECRET = "sim-secret-key"
 CLUSTER = "11111111-0000-4000-8000-000000000002"
 WORKERS, BATCH, MANAGED, OTHER = (f"00000000-0000-4000-8000-0000000000a{i}" for i in range(4))
 GIB = 1024**3
@@ -82,47 +77,13 @@ def backends() -> Iterator[list[Backend]]:
         backend.stop()
 
 
-def make_backend(sim: ScalewaySimulator, backends: list[Backend], **config: Any) -> Backend:
-    settings: dict[str, Any] = {
-        "cluster_id": sim.cluster_id,
-        "secret_key": SECRET,
-        "api_url": sim.url,
-        "request_timeout": config.pop("request_timeout", 2.0),
-        "mode": "public",
-        "pools": POOLS,
-        **config,
-    }
-    adapter = ScalewayAdapter(
-        ScalewayConfig(**settings),
-        retry=RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05),
-        breaker=BreakerSettings(failure_threshold=50),
-    )
-    backend = Backend("scw-public", adapter, SyncSettings(min_interval=0.0))
-    backends.append(backend)
-    backend.sync(deadline())
-    return backend
-
-
-def deadline(seconds: float = 5.0) -> Deadline:
-    return Deadline.after(seconds)
-
-
-def wait_for(condition: Any, what: str) -> None:
-    for _ in range(200):
-        if condition():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def node_ref(sim: ScalewaySimulator, node_id: str) -> NodeRef:
-    node = sim.node(node_id)
-    return NodeRef(provider_id=node.provider_id, name=node.name)
+def public_backend(sim: ScalewaySimulator, backends: list[Backend], **config: Any) -> Backend:
+    return make_backend(sim, backends, mode="public", pools=POOLS, **config)
 
 
 def test_the_named_pools_are_the_groups_with_the_configs_bounds(sim, backends, caplog):
     with caplog.at_level(logging.WARNING, logger="providers.scaleway.adapter"):
-        backend = make_backend(sim, backends)
+        backend = public_backend(sim, backends)
         backend.sync(deadline())  # the same findings again: not logged again
     assert sorted(g.id for g in backend.groups()) == sorted([WORKERS, BATCH])  # by name and by id
     workers = backend.group(WORKERS)
@@ -142,7 +103,7 @@ def test_the_named_pools_are_the_groups_with_the_configs_bounds(sim, backends, c
 
 
 def test_templates_and_prices_come_from_the_catalog_and_the_pool_tags(sim, backends):
-    backend = make_backend(sim, backends)
+    backend = public_backend(sim, backends)
     template = backend.template(BATCH)
     assert template is not None
     # PRO2-XXS: 2 CPUs and 8 GiB in the catalog; allocatable after our reading of the reservations.
@@ -166,7 +127,7 @@ def test_templates_and_prices_come_from_the_catalog_and_the_pool_tags(sim, backe
 def test_a_catalog_refused_to_the_key_leaves_groups_served_without_templates(sim, backends, caplog):
     sim.inject(Fault(route="list_server_types", status=403))
     with caplog.at_level(logging.ERROR, logger="providers.scaleway.adapter"):
-        backend = make_backend(sim, backends)
+        backend = public_backend(sim, backends)
     assert sorted(g.id for g in backend.groups()) == sorted([WORKERS, BATCH])
     assert backend.template(BATCH) is None
     assert backend.group(BATCH).price_per_hour is None
@@ -174,7 +135,7 @@ def test_a_catalog_refused_to_the_key_leaves_groups_served_without_templates(sim
 
 
 def test_scale_up_and_down_write_the_public_pool_size(sim, backends):
-    backend = make_backend(sim, backends)
+    backend = public_backend(sim, backends)
     assert backend.increase_size(BATCH, 2, deadline()) == 2
     (patch,) = sim.requests.filter(route="public_update_pool")
     assert patch.body == {"size": 2} and patch.path == f"/k8s/v1/regions/fr-par/pools/{BATCH}"
@@ -185,7 +146,7 @@ def test_scale_up_and_down_write_the_public_pool_size(sim, backends):
 
 
 def test_a_deletion_is_the_node_delete_alone_and_kapsule_lowers_the_size_once(sim, backends):
-    backend = make_backend(sim, backends)
+    backend = public_backend(sim, backends)
     victim = sim.nodes_of(WORKERS)[0].id
     assert backend.delete_nodes(WORKERS, [node_ref(sim, victim)], deadline()) == 1
     (delete,) = sim.requests.filter(route="public_delete_node")
@@ -198,7 +159,7 @@ def test_a_deletion_is_the_node_delete_alone_and_kapsule_lowers_the_size_once(si
 
 
 def test_a_deletion_whose_answers_are_lost_is_read_back_and_never_shrinks_twice(sim, backends):
-    backend = make_backend(sim, backends)
+    backend = public_backend(sim, backends)
     victim = sim.nodes_of(WORKERS)[0].id
     sim.state.edit_pool(WORKERS, size=3)
     sim.advance(120)
@@ -218,7 +179,7 @@ def test_a_deletion_whose_answers_are_lost_is_read_back_and_never_shrinks_twice(
 
 
 def test_a_lost_size_write_is_read_back_from_the_one_pool(sim, backends):
-    backend = make_backend(sim, backends, request_timeout=0.3)
+    backend = public_backend(sim, backends, request_timeout=0.3)
     sim.inject(Fault(route="public_update_pool", delay=1.0, times=1))
     with pytest.raises(ChangeOutcomeUnknown):
         backend.increase_size(BATCH, 1, deadline())
@@ -229,7 +190,7 @@ def test_a_lost_size_write_is_read_back_from_the_one_pool(sim, backends):
 
 
 def test_a_size_write_on_a_stale_view_reads_the_one_pool_and_stops_if_kapsule_took_it_over(sim, backends):
-    backend = make_backend(sim, backends)
+    backend = public_backend(sim, backends)
     backend.sync(deadline())
     sim.state.edit_pool(BATCH, autoscaling=True)  # someone switched Kapsule's autoscaling on in the console
     backend._snapshot = type(backend.snapshot)(  # make the view old enough to need a fresh read
