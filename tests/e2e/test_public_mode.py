@@ -57,7 +57,7 @@ def refusals(env: E2EEnvironment) -> list[str]:
     lines = []
     for line in env.ours.log_path.read_text(errors="replace").splitlines():
         if line.startswith("{") and "is left untouched: its Kapsule autoscaling is on" in line:
-            lines.append(json.loads(line)["message"])
+            lines.append(json.loads(line)["msg"])
     return lines
 
 
@@ -154,7 +154,13 @@ def test_public_mode_scales_up_from_zero_on_tags_and_down_and_leaves_a_managed_p
 def test_public_mode_leaves_a_pool_with_kapsule_autoscaling_on_alone_for_a_pod_only_it_could_hold(
     start_environment: StartEnvironment,
 ) -> None:
-    env = start_environment(PUBLIC, ca_flags=CA_FLAGS)
+    def fill(env: E2EEnvironment) -> None:
+        # Both machines of the managed pool busy: a 2-CPU pod for that pool needs a third machine.
+        for index, machine in enumerate(machines(env, "scaleway", "managed")):
+            env.create_pod(f"busy-{index}", cpu="2", node_name=machine["name"])
+            env.wait_pod_running(f"busy-{index}", 30)
+
+    env = start_environment(PUBLIC, ca_flags=CA_FLAGS, prepare=fill)
     managed = env.scaleway_pool("managed")
     created = env.create_pod("wants-managed", cpu="2", node_selector={"k8s.scaleway.com/pool-name": "managed"})
     # Ten CA loops at least: the pod stays pending, the CA names no group for it, nothing is written.
@@ -162,4 +168,5 @@ def test_public_mode_leaves_a_pool_with_kapsule_autoscaling_on_alone_for_a_pod_o
     assert env.pod("wants-managed").status.phase == "Pending"
     assert not env.cloud_requests("scaleway", ("public_update_pool", "public_delete_node"), since=created)
     assert not env.ca.log.matching(rf"setting group {managed['id']}")
+    assert env.ca.log.matching(r"NotTriggerScaleUp|pod didn't trigger scale-up|No expansion options", since=created)
     check_managed_pool_untouched(env)
