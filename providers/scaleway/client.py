@@ -257,7 +257,10 @@ class ScalewayClient:
             if not isinstance(servers, Mapping):
                 raise _malformed(SERVER_TYPES_ROUTE, f"page {page} has no 'servers' object")
             for name, raw in servers.items():
-                types[str(name)] = _parse_server_type(str(name), raw)
+                try:
+                    types[str(name)] = _parse_server_type(str(name), raw)
+                except CloudUnavailable as err:  # one odd entry costs that type, not the catalog
+                    log.info("scaleway product catalog of %s: %s; that type is left out", zone, err)
             total = _total_count(answer, body)
             if not servers or len(servers) < CATALOG_PAGE_SIZE or (total is not None and len(types) >= total):
                 return types

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from providers.config_errors import ConfigError
+from providers.deadline import Deadline
 from providers.errors import CloudUnavailable
+from providers.http_transport import JsonResponse
 from providers.model import ErrorClass, InstanceState, NodeRef, Taint
 from providers.scaleway import CLOUD_TYPE
 from providers.scaleway.adapter import (
@@ -27,6 +29,7 @@ from providers.scaleway.adapter import (
 from providers.scaleway.client import (
     Node,
     Pool,
+    ScalewayClient,
     ServerType,
     _parse_node,
     _parse_pool,
@@ -579,3 +582,32 @@ def test_public_mode_config_mistakes_are_named_with_their_fix():
     config = parse_config(KEY, {**base, "pools": {"workers": {"min_size": 0, "max_size": 4}}}, {}, True)
     assert config.public and config.pools["workers"].max_size == 4
     assert not parse_config(KEY, {"cluster_id": "c", "secret_key": SECRET}, {}, True).public  # private by default
+
+
+class _CatalogPages:
+    """A transport answering the product list with fixed pages (the recorded shape: no total_count in the body)."""
+
+    def __init__(self, pages: list[dict[str, Any]], total: int) -> None:
+        self.pages, self.total, self.asked = pages, total, []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _CatalogPages:
+        return self
+
+    def request(self, method: str, path: str, **options: Any) -> JsonResponse:
+        self.asked.append(options["params"])
+        page = options["params"]["page"]
+        body = {"servers": self.pages[page - 1] if page <= len(self.pages) else {}}
+        return JsonResponse(200, {"X-Total-Count": str(self.total)}, body)
+
+
+def test_the_catalog_is_read_to_its_total_and_an_odd_entry_costs_only_that_type():
+    entry = {"ncpus": 2, "ram": 8 * 1024**3, "gpu": 0, "arch": "x86_64", "hourly_price": 0.05}
+    first = {f"T{i}": entry for i in range(99)} | {"ODD": {**entry, "ram": None}}
+    pages = _CatalogPages([first, {"LAST": entry}], total=101)
+    config = ScalewayConfig(
+        cluster_id="c", secret_key=SECRET, mode="public", pools={"p": {"min_size": 0, "max_size": 1}}
+    )
+    types = ScalewayClient(config, transport_factory=pages).list_server_types("fr-par-1", Deadline.after(5))
+    assert "ODD" not in types and {"T0", "T98", "LAST"} <= set(types) and len(types) == 100
+    assert [p["page"] for p in pages.asked] == [1, 2]  # a full first page, then a short one ends it
+    assert pages.asked[0]["per_page"] == 100
