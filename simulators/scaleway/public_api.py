@@ -233,10 +233,16 @@ class ScalewayPublicApi:
         }
         names = sorted(every)[(page - 1) * per_page : page * per_page]
         last = max(1, -(-len(every) // per_page))
+        # As recorded: first and previous from page 2 on, next before the last page, last always.
         links = [
             f'</products/servers?page={n}&per_page={per_page}&>; rel="{rel}"'
-            for n, rel in ((1, "first"), (page - 1, "previous"), (page + 1, "next"), (last, "last"))
-            if 1 <= n <= last and n != page
+            for n, rel, shown in (
+                (1, "first", page > 1),
+                (page - 1, "previous", page > 1),
+                (page + 1, "next", page < last),
+                (last, "last", True),
+            )
+            if shown
         ]
         headers = {"X-Total-Count": str(len(every)), "Link": ",".join(links)}
         return SimResponse(200, {"servers": {name: every[name] for name in names}}, headers)
