@@ -13,7 +13,7 @@ import pytest
 
 from providers.config_errors import ConfigError
 from providers.deadline import Deadline
-from providers.errors import CloudUnavailable
+from providers.errors import CloudAuthFailed, CloudUnavailable
 from providers.http_transport import JsonResponse
 from providers.model import ErrorClass, InstanceState, NodeRef, Taint
 from providers.scaleway import CLOUD_TYPE
@@ -51,6 +51,7 @@ from providers.scaleway.templates import (
     tag_labels,
     tag_taints,
 )
+from server.diagnosis import Advisor
 
 SECRET = "11111111-2222-3333-4444-555555555555"
 KEY = "backends[0].scaleway"
@@ -611,3 +612,17 @@ def test_the_catalog_is_read_to_its_total_and_an_odd_entry_costs_only_that_type(
     assert "ODD" not in types and {"T0", "T98", "LAST"} <= set(types) and len(types) == 100
     assert [p["page"] for p in pages.asked] == [1, 2]  # a full first page, then a short one ends it
     assert pages.asked[0]["per_page"] == 100
+
+
+def test_a_403_in_the_public_mode_names_the_permission_sets_the_key_needs():
+    public = parse_config(
+        KEY,
+        {"cluster_id": "c", "secret_key": SECRET, "mode": "public", "pools": {"p": {"min_size": 0, "max_size": 1}}},
+        {},
+        True,
+    )
+    refused = CloudAuthFailed("scaleway API GET /k8s/v1/regions/{region}/clusters/{cluster_id}/pools answered 403")
+    check = Advisor("scaleway", public, {"cluster_id": f"{KEY}.cluster_id"}).diagnose(refused).check
+    assert "KubernetesFullAccess and InstancesReadOnly on the project of" in check
+    private = parse_config(KEY, {"cluster_id": "c", "secret_key": SECRET}, {}, True)
+    assert "KubernetesFullAccess" not in Advisor("scaleway", private, {}).diagnose(refused).check
