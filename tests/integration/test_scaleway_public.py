@@ -69,14 +69,6 @@ def sim() -> Iterator[ScalewaySimulator]:
     simulator.stop()
 
 
-@pytest.fixture
-def backends() -> Iterator[list[Backend]]:
-    made: list[Backend] = []
-    yield made
-    for backend in made:
-        backend.stop()
-
-
 def public_backend(sim: ScalewaySimulator, backends: list[Backend], **config: Any) -> Backend:
     return make_backend(sim, backends, mode="public", pools=POOLS, **config)
 
