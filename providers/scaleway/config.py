@@ -14,15 +14,20 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
+from pydantic_core import InitErrorDetails
 
 from providers.config_values import (
     CloudSettings,
+    ConfigModel,
     Secret,
     api_base_url,
     give_variable,
     not_checked,
+    one_of,
     problem,
+    rule_error,
     validate_cloud_settings,
+    whole_number,
 )
 
 DEFAULT_API_URL = "https://api.scaleway.com"
@@ -32,6 +37,11 @@ DEFAULT_REGION = "fr-par"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # Scaleway regions look like fr-par, nl-ams, pl-waw, it-mil.
 _REGION = re.compile(r"^[a-z]{2}-[a-z0-9]{2,8}$")
+MODES = ("private", "public")
+# A pool named in ``pools``: its name (Kapsule: lower-case letters, digits, dashes) or its id (a UUID).
+_POOL_KEY = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# The bound of one group's max_size: far above any Kapsule pool, low enough to catch a typo.
+MAX_POOL_SIZE = 10_000
 
 
 def _cluster_id(value: Any, info: ValidationInfo) -> str:
@@ -57,6 +67,32 @@ def _region(value: Any) -> str:
     return text
 
 
+class PoolBounds(ConfigModel):
+    """One pool of the public mode: the bounds the CA keeps it within (Kapsule's own are the managed
+    autoscaler's, unused while its autoscaling is off)."""
+
+    min_size: whole_number(0, MAX_POOL_SIZE, 0) = Field(..., validate_default=True)  # type: ignore[valid-type]
+    """The fewest nodes the CA leaves in the pool (0 allows scale-from-zero)."""
+    max_size: whole_number(1, MAX_POOL_SIZE, 10) = Field(..., validate_default=True)  # type: ignore[valid-type]
+    """The most nodes the CA asks for; a scale-up beyond it is refused before anything is sent."""
+
+    @classmethod
+    def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        low, high = raw.get("min_size"), raw.get("max_size")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) and low > high:  # type: ignore[operator]
+            return [rule_error("min_size", f"min_size {low} is above max_size {high}", "make min_size <= max_size")]
+        return []
+
+
+def _pool_key(value: Any) -> str:
+    if not isinstance(value, str) or not _POOL_KEY.match(value):
+        raise problem(
+            f"{value!r} is not a Kapsule pool name or id",
+            "name the pool as the console or `scw k8s pool list` shows it (its name, or its id)",
+        )
+    return value
+
+
 class ScalewayConfig(CloudSettings):
     ENV_OVERRIDES: ClassVar[Mapping[str, str]] = {
         "cluster_id": "CLUSTER_ID",
@@ -75,6 +111,37 @@ class ScalewayConfig(CloudSettings):
     secret_key: Secret = Field("", validate_default=True)
     """The secret key of an IAM API key (not its access key), sent as `X-Auth-Token`. Keep it out of the
     file: give it in the environment variable below, or name another one in `secret_key_env`."""
+    mode: one_of(MODES, "Scaleway mode", normalise=str.lower) = "private"  # type: ignore[valid-type]
+    """`private`: every pool whose Kapsule autoscaling is on, with the pool's own bounds, through the private
+    autoscaler endpoints the in-tree provider uses (for a migration off it). `public` (self-managed): the pools
+    named in `pools`, whose Kapsule autoscaling is off, through Kapsule's public API and the Instance product
+    catalog; any IAM key with the right permission sets can use it."""
+    pools: dict[Annotated[str, BeforeValidator(_pool_key)], PoolBounds] = {}
+    """Public mode only: `{<pool name or id>: {min_size: n, max_size: m}}`, the pools that are node groups and
+    their bounds. A named pool whose Kapsule autoscaling is on is left untouched, with one line saying so."""
+
+    @classmethod
+    def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
+        mode = str(raw.get("mode") or "private").strip().lower()
+        pools = raw.get("pools")
+        if mode == "public" and not pools:
+            return [
+                rule_error(
+                    "pools",
+                    "the public mode manages only the pools it is given, and none is",
+                    "add pools: {<pool name>: {min_size: 0, max_size: 10}} for each pool the CA should scale",
+                )
+            ]
+        if mode == "private" and pools:
+            return [
+                rule_error(
+                    "pools",
+                    "pools is read only in the public mode (the private mode takes every pool whose Kapsule "
+                    "autoscaling is on, with the pool's own bounds)",
+                    "set mode: public, or remove pools",
+                )
+            ]
+        return []
 
     @field_validator("secret_key")
     @classmethod
@@ -88,8 +155,12 @@ class ScalewayConfig(CloudSettings):
             raise problem("the Scaleway secret key is not set", fix)
         return value
 
+    @property
+    def public(self) -> bool:
+        return self.mode == "public"
+
     def __str__(self) -> str:
-        return f"scaleway cluster {self.cluster_id} in {self.region} via {self.api_url}"
+        return f"scaleway cluster {self.cluster_id} in {self.region} via {self.api_url} ({self.mode} mode)"
 
 
 def parse_config(key: str, raw: Mapping[str, Any], env: Mapping[str, str], env_applies: bool) -> ScalewayConfig:

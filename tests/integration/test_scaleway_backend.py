@@ -90,14 +90,6 @@ def make_adapter(sim: ScalewaySimulator, **config: Any) -> ScalewayAdapter:
     )
 
 
-@pytest.fixture
-def backends() -> Iterator[list[Backend]]:
-    made: list[Backend] = []
-    yield made
-    for backend in made:
-        backend.stop()
-
-
 def make_backend(sim: ScalewaySimulator, backends: list[Backend], **config: Any) -> Backend:
     backend = Backend("scw-test", make_adapter(sim, **config), SyncSettings(min_interval=0.0))
     backends.append(backend)

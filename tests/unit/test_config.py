@@ -537,6 +537,14 @@ def test_the_operations_guide_example_validates():
     assert [b.name for b in parsed.backends] == ["scw-par", "scw-ams"]
 
 
+def test_the_scaleway_public_mode_example_validates():
+    # docs/reference/scaleway.md, "Public mode": the first yaml block after that heading.
+    doc = next(p for p in (ROOT / "docs").rglob("scaleway.md") if "## Public mode" in p.read_text())
+    block = yaml_blocks(doc, "## Public mode")[0]
+    (backend,) = parse(yaml.safe_load(block), env={"SCW_SECRET_KEY": SECRET}).backends
+    assert backend.cloud.public and sorted(backend.cloud.pools) == ["gpu-l4", "workers"]
+
+
 @pytest.mark.parametrize(
     ("limits", "max_connections", "expected"),
     [
