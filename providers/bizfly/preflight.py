@@ -22,7 +22,7 @@ from typing import Any
 
 from providers.bizfly.adapter import BizflyAdapter, PoolData
 from providers.bizfly.client import BizflyClient
-from providers.bizfly.config import PASSWORD, catalog_url
+from providers.bizfly.config import PASSWORD, catalog_url, default_token_url
 from providers.bizfly.regions import region_code, same_region
 from providers.errors import CloudAuthFailed, CloudRequestRejected, DomainError, http_status
 from providers.preflight import GroupSummary, Preflight
@@ -66,11 +66,14 @@ def _login(client: BizflyClient, run: Preflight) -> bool:
             )
         return False
     except DomainError as err:
+        # The token URL follows api_url unless it was set: name the setting that made it.
+        follows = config.token_url == default_token_url(config.api_url)
         run.problem(
-            "token_url",
+            "api_url" if follows else "token_url",
             f"the login at {config.token_url} got no token ({err})",
-            "leave token_url unset (it follows api_url) or point it at Bizfly's token endpoint; check the network "
-            "path and HTTPS_PROXY/NO_PROXY",
+            "point it at Bizfly's API (https://manage.bizflycloud.vn, the default)"
+            if follows
+            else "leave token_url unset (it follows api_url) or point it at Bizfly's token endpoint",
         )
         return False
     run.proved(

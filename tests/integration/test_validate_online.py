@@ -268,6 +268,20 @@ def test_bizfly_wrong_kubernetes_engine_url_is_told_apart_from_a_wrong_cluster(
     reads_only(bke)
 
 
+def test_bizfly_api_url_that_is_not_bizfly_is_named_at_the_login(
+    bke: BizflySimulator, kapsule: ScalewaySimulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    backend = bizfly_backend(bke)
+    del backend["bizfly"]["token_url"]  # it follows api_url
+    backend["bizfly"]["api_url"] = kapsule.url
+    code, out = validate_online(tmp_path, capsys, backend)
+    assert code == 1
+    (line,) = problems(out)
+    assert line.startswith(f"{BZ}.api_url: the login at {kapsule.url}/api/token got no token (")
+    assert line.endswith("Fix: point it at Bizfly's API (https://manage.bizflycloud.vn, the default)")
+    assert [entry.method for entry in kapsule.requests.all()] == ["POST"]  # the login, refused as an unknown route
+
+
 # ---------------------------------------------------------------------------------------------- across backends
 def test_an_override_for_a_pool_that_is_no_group_is_named(
     kapsule: ScalewaySimulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
