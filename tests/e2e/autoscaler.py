@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -43,6 +44,44 @@ BASE_FLAGS: dict[str, str] = {
     "max-inactivity": "10m",
     "max-failing-time": "10m",
 }
+
+
+#: The ConfigMap (in kube-system) where the CA writes its status every loop (``--write-status-configmap``).
+STATUS_CONFIGMAP = "cluster-autoscaler-status"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """One node group as the CA's status ConfigMap shows it."""
+
+    min_size: int
+    max_size: int
+    target: int  # cloudProviderTarget: the target size the CA last read from the provider
+    registered: int
+    ready: int
+    scale_up: str
+
+    def sizes(self) -> tuple[int, int, int]:
+        return (self.min_size, self.max_size, self.target)
+
+
+def parse_status(text: str) -> tuple[str, dict[str, GroupStatus]]:
+    """The ``status`` key of the CA's status ConfigMap: when the CA wrote it (its own ``time``) and its node
+    groups by id."""
+    document = yaml.safe_load(text or "") or {}
+    found = {}
+    for group in document.get("nodeGroups") or []:
+        health = group.get("health") or {}
+        registered = (health.get("nodeCounts") or {}).get("registered") or {}
+        found[str(group["name"])] = GroupStatus(
+            min_size=int(health.get("minSize", 0)),
+            max_size=int(health.get("maxSize", 0)),
+            target=int(health.get("cloudProviderTarget", 0)),
+            registered=int(registered.get("total", 0)),
+            ready=int(registered.get("ready", 0)),
+            scale_up=str((group.get("scaleUp") or {}).get("status", "")),
+        )
+    return str(document.get("time", "")), found
 
 
 def write_cloud_config(path: Path, address: str, grpc_timeout: str = "5s") -> Path:
@@ -145,6 +184,14 @@ class Autoscaler:
 
     def stop(self) -> None:
         self.process.stop()
+
+    def restart(self, sig: signal.Signals = signal.SIGTERM, down: float = 0.0) -> None:
+        """Stop the CA (SIGKILL: a crash; SIGTERM: a rollout), wait ``down`` seconds, start it again with the
+        same flags; its log goes on in the same file. Returns once the new process runs its first loop."""
+        if self.process.child is not None:
+            self.process.child.stop(sig, timeout=10)
+        time.sleep(down)
+        self.start()
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``cluster_autoscaler_<name>`` whose labels include ``labels``."""

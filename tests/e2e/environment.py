@@ -206,8 +206,10 @@ class E2EEnvironment:
         ca_flags: Mapping[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
         serve: ServeBackends | None = None,
+        audit: bool | Mapping[str, Any] = False,
     ) -> None:
         self.prepare = prepare
+        self.audit = audit  # the control plane's audit log: off, the default policy, or a policy (ControlPlane)
         self.serve = serve
         self.programs = programs
         self.workdir = workdir
@@ -242,7 +244,7 @@ class E2EEnvironment:
             bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
         ]
         # The control plane first: a server with Kubernetes features (``serve``) needs the API server.
-        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir, audit=self.audit).start()
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         if self.serve is not None:
             self.server = self.serve(self, backends)

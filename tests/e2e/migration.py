@@ -39,7 +39,7 @@ from devstack.harness import REPO_ROOT, SCW_SECRET, child_env
 from simulators.bizfly import BizflySimulator
 from simulators.common.request_log import RecordedRequest
 from simulators.scaleway import ScalewaySimulator
-from tests.e2e.autoscaler import Autoscaler, LogEntry, write_cloud_config
+from tests.e2e.autoscaler import STATUS_CONFIGMAP, Autoscaler, GroupStatus, LogEntry, parse_status, write_cloud_config
 from tests.e2e.control_plane import ControlPlane
 from tests.e2e.environment import BACKEND_SYNC, AutoscalerPrograms, E2EEnvironment, Layout, OurServer
 from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
@@ -52,7 +52,6 @@ IN_TREE_PROVIDER = {"scaleway": "scaleway", "bizfly": "bizflycloud"}
 # (60 s without the header; what Kapsule sends is not documented). Every 4 s keeps its view as fresh as
 # a couple of CA loops, so a phase settles in seconds.
 SCALEWAY_MAX_AGE_SECONDS = 4
-STATUS_CONFIGMAP = "cluster-autoscaler-status"
 #: routes that only read, or log in; every other request changes the cloud
 NOT_WRITES = {"token"}
 
@@ -65,21 +64,6 @@ def in_tree_program() -> Path:
     except GoBuildError as err:
         missing = str(err)
     pytest.fail(missing, pytrace=False)
-
-
-@dataclass(frozen=True)
-class GroupStatus:
-    """One node group as the CA's status ConfigMap shows it."""
-
-    min_size: int
-    max_size: int
-    target: int
-    registered: int
-    ready: int
-    scale_up: str
-
-    def sizes(self) -> tuple[int, int, int]:
-        return (self.min_size, self.max_size, self.target)
 
 
 @dataclass(frozen=True)
@@ -236,20 +220,7 @@ class MigrationEnvironment(E2EEnvironment):
         created = config_map.metadata.creation_timestamp if config_map.metadata else None
         if created is None or created.timestamp() < self.switched_at - 1:
             return "", {}  # still the previous CA's (the CA deletes it when it stops)
-        document = yaml.safe_load((config_map.data or {}).get("status", "")) or {}
-        found = {}
-        for group in document.get("nodeGroups") or []:
-            health = group.get("health") or {}
-            registered = (health.get("nodeCounts") or {}).get("registered") or {}
-            found[str(group["name"])] = GroupStatus(
-                min_size=int(health.get("minSize", 0)),
-                max_size=int(health.get("maxSize", 0)),
-                target=int(health.get("cloudProviderTarget", 0)),
-                registered=int(registered.get("total", 0)),
-                ready=int(registered.get("ready", 0)),
-                scale_up=str((group.get("scaleUp") or {}).get("status", "")),
-            )
-        return str(document.get("time", "")), found
+        return parse_status((config_map.data or {}).get("status", ""))
 
     def settled_status(self, timeout: float = 60) -> dict[str, GroupStatus]:
         """The status once every group has as many ready nodes as its target (the cloud and the CA agree)."""
