@@ -213,7 +213,7 @@ bench-kube: GO_BUILD_GROUPS = e2e
 bench-kube: build
 	$(PY) -m tests.bench.kube_features $(BENCH_KUBE_ARGS)
 
-# The randomized fault campaign (tests/e2e/chaos, tests/e2e/README.md "The chaos campaign"): SEEDS seeds of
+# The randomized fault campaign (tests/e2e/chaos; tests/e2e/README.md, "The chaos campaign"): SEEDS seeds of
 # MINUTES minutes each, every one the real CA 1.36.1 with two replicas of our server and both simulated
 # clouds under a nemesis the seed drives; one line per seed, then the summary line "chaos: ...". SEED=n
 # reruns that seed alone (with the same MINUTES, the same schedule). The defaults fit a 2-core CI machine
