@@ -427,7 +427,16 @@ class _SimHandler(BaseHTTPRequestHandler):
 
         def log(status: int) -> None:
             entry = RecordedRequest(
-                sim.now(), method, path, route_name, query, headers, body, status, received, (handled or [None])[0]
+                sim.now(),
+                method,
+                path,
+                route_name,
+                query,
+                headers,
+                body,
+                status,
+                received,
+                handled[0] if handled else None,
             )
             sim.requests.append(entry)
 
