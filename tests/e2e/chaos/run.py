@@ -13,6 +13,7 @@ Each seed's folder (logs of every program, history.json, schedule.txt) is kept u
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
@@ -207,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if verdict.violations else 0
     seeds = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.seeds))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ca-externalgrpc-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    # The harness's own warnings (the node agent's passes while the API server restarts, a few a second)
+    # go to a file, so the console keeps one line per seed.
+    logging.basicConfig(
+        filename=workdir / "harness.log", level=logging.WARNING, format="%(asctime)s %(name)s %(message)s"
+    )
     print(f"chaos campaign: seeds {seeds[0]}..{seeds[-1]}, {args.minutes:g} min each; folders in {workdir}", flush=True)
     programs = find_programs()
     runs = []
