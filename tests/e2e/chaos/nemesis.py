@@ -91,6 +91,9 @@ class Nemesis:
         # lasts, and the API requests are held back by the longest delay of the slow faults under way.
         self._cuts: dict[str, int] = {}
         self._delays: list[float] = []
+        # The CA and the API server are one process each: a restart of one while its last restart is under
+        # way is skipped (two overlapping restarts started two CAs side by side, seed 11).
+        self._restarting: set[str] = set()
 
     # ------------------------------------------------------------------ playing the schedule
     def play(self, start: float) -> None:
@@ -210,13 +213,27 @@ class Nemesis:
 
     # ------------------------------------------------------------------ the control plane and the CA
     def _apiserver_restart(self, event: FaultEvent, applied: Applied) -> None:
-        assert self.env.control_plane is not None
+        control_plane = self.env.control_plane
+        assert control_plane is not None
         applied.target = "kube-apiserver"
-        self.env.control_plane.restart_apiserver(down=event.duration)
+        self._restart_once("kube-apiserver", applied, lambda: control_plane.restart_apiserver(down=event.duration))
 
     def _ca_restart(self, event: FaultEvent, applied: Applied) -> None:
         applied.target = f"cluster-autoscaler {event.params['signal']}"
-        self.env.ca.restart(signal.Signals[event.params["signal"]], down=event.duration)
+        sig = signal.Signals[event.params["signal"]]
+        self._restart_once("cluster-autoscaler", applied, lambda: self.env.ca.restart(sig, down=event.duration))
+
+    def _restart_once(self, target: str, applied: Applied, restart: Callable[[], None]) -> None:
+        with self._lock:
+            if target in self._restarting:
+                applied.note = f"skipped: {target} is restarting already"
+                return
+            self._restarting.add(target)
+        try:
+            restart()
+        finally:
+            with self._lock:
+                self._restarting.discard(target)
 
     # ------------------------------------------------------------------ the features' ConfigMaps
     def _configmaps(self, which: str) -> list[str]:

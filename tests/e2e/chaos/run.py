@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.e2e.chaos import history as hist
 from tests.e2e.chaos.checker import INVARIANTS, Result, Verdict, check, settle_problems
@@ -104,7 +105,7 @@ def run_seed(programs: AutoscalerPrograms, seed: int, seconds: float, workdir: P
         workload.stop()
         nemesis.heal()
         times["healed"] = time.time()
-        times["settled"] = settle(env, SETTLE_BOUND)
+        times["settled"], settled = settle(env, SETTLE_BOUND)
         observer.stop()
         sampler.stop()
         machines, sizes = observer.record()
@@ -123,10 +124,10 @@ def run_seed(programs: AutoscalerPrograms, seed: int, seconds: float, workdir: P
             "writes": hist.cloud_writes(env),
             "machines": machines,
             "sizes": sizes,
-            "final": {"pools": hist.pools_of(env), "machines": hist.machines_of(env)},
+            "final": settled["final"],
             "lease": hist.lease_writes(env, group.lease_name),
             "ca_log": hist.ca_log(env),
-            "kubernetes": hist.kubernetes_objects(env),
+            "kubernetes": settled["kubernetes"],
             "memory": sampler.samples,
             "nemesis": [vars(a) for a in nemesis.record],
             "service": {"readiness": group.proxy.record.readiness, "refused": group.proxy.record.refused},
@@ -140,13 +141,15 @@ def run_seed(programs: AutoscalerPrograms, seed: int, seconds: float, workdir: P
     )
 
 
-def settle(env: E2EEnvironment, bound: float) -> float | None:
+def settle(env: E2EEnvironment, bound: float) -> tuple[float | None, dict[str, Any]]:
     """Wait until every pod runs, the CA's status equals the clouds and no machine is outside a pool's
-    count (the checker's own ``settle_problems``), SETTLE_POLLS times in a row; when it first held, or None
-    after ``bound`` seconds."""
+    count (the checker's own ``settle_problems``), SETTLE_POLLS times in a row. Returns when it first held
+    and the snapshot (clouds and API server) of the poll that made it settled, which the checker judges: the
+    CA goes on working after that (a scale-down it started may be half done at any later instant, seed 4).
+    After ``bound`` seconds unsettled: None and the last snapshot."""
     deadline = time.monotonic() + bound
     streak: list[float] = []
-    while time.monotonic() < deadline:
+    while True:
         at = time.time()
         snapshot = {
             "final": {"pools": hist.pools_of(env), "machines": hist.machines_of(env)},
@@ -154,9 +157,10 @@ def settle(env: E2EEnvironment, bound: float) -> float | None:
         }
         streak = [*streak, at] if not settle_problems(snapshot) else []
         if len(streak) >= SETTLE_POLLS:
-            return streak[0]
+            return streak[0], snapshot
+        if time.monotonic() >= deadline:
+            return None, snapshot
         time.sleep(SETTLE_POLL)
-    return None
 
 
 def describe(schedule: Schedule) -> str:
