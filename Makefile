@@ -68,7 +68,7 @@ install: $(STAMP) $(NATIVE_STAMP)
 
 # The two distributions as wheels in dist/: the server (pure Python) and the native engine (one abi3
 # wheel for CPython >= 3.11, built by maturin with the cargo on PATH; its build reuses native/target).
-# `pip install` of them needs no Rust (docs/operations.md, "Install"); make image takes the native one.
+# `pip install` of them needs no Rust (docs/how-to/install.md); make image takes the native one.
 # Each is rebuilt only when its sources change. Both are built by the lock's tools (setuptools without
 # build isolation, maturin), from the venv make install made.
 SERVER_SOURCES := pyproject.toml setup.py README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
@@ -209,7 +209,7 @@ clean:
 # The container image (deploy/Dockerfile) with podman: base images made from Debian packages with
 # mmdebstrap (no image registry needed) and the native engine's wheel from make wheels, or with
 # IMAGE_BASES=public the Dockerfile's public bases and its Rust stage. Prints the image's name, size,
-# versions and what takes the space (tests/support/imagebuild.py; docs/operations.md, "Install").
+# versions and what takes the space (tests/support/imagebuild.py; docs/how-to/install.md).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= ca-externalgrpc-server:$(VERSION)
 IMAGE_BASES ?= debian
@@ -231,7 +231,7 @@ reproduce: install
 # A release from a clean commit: make release VERSION=x.y.z checks that every place names x.y.z, that
 # CHANGELOG.md has its entry, the lock and a clean tree, then writes the wheels, the image archive, its
 # bill of materials and SHA256SUMS into dist/release/x.y.z/ (tests/support/release.py;
-# docs/operations.md, "Releases").
+# docs/how-to/release.md).
 release: install
 	@$(PY) -m tests.support.release --version "$(if $(filter command line,$(origin VERSION)),$(VERSION))" --image $(IMAGE) --bases $(IMAGE_BASES)
 

@@ -3,7 +3,7 @@
 A ``Backend`` wraps one ``CloudAdapter``. Reads (the hot RPCs) come from an immutable in-memory
 ``Snapshot`` swapped atomically after each cloud listing, so they take no lock and do no I/O.
 
-Mutations follow the CA's real concurrency (docs/reliability.md):
+Mutations follow the CA's real concurrency (docs/explanation/reliability.md):
 
 - locks only guard bookkeeping; no cloud call runs under one. Deletions of one group run side by side;
   a size write waits until the deletions already sent are answered, because an absolute size write and

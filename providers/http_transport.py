@@ -24,7 +24,7 @@ can take up to the connect timeout) and just before the request's bytes go out, 
 replica whose leadership lapsed meanwhile sends nothing. The gate answers how long the replica may still
 write, and the request must be sent within that: the socket's send timeout is cut to it. What is sent
 in time reaches the cloud after the network's own delay; the lease margin (``lease_duration -
-renew_deadline``, docs/kubernetes.md) is what keeps a new leader from writing before it. This is the one
+renew_deadline``, docs/explanation/kubernetes.md) is what keeps a new leader from writing before it. This is the one
 place such requests leave the process. A gate may name the writer (``WriteGrant``): the request then
 carries it in the ``WRITER_HEADER`` header, decided in the same step that let it go (with leader election,
 the Lease holder and its term, so each cloud write can be told to one leadership term).
@@ -175,8 +175,8 @@ _CHANGE_WAITS = contextvars.ContextVar("change_waits", default=False)
 #: A write gate: raises ``NotLeader`` to stop a request, else returns the seconds it may still take to be
 #: sent (None: no bound), a ``WriteGrant`` to name the writer too.
 WriteGate = Callable[[str], float | None]
-#: The header a gated write carries when its gate names the writer (docs/kubernetes.md): clouds ignore an
-#: unknown header; a proxy's or the cloud's request log shows which replica, in which term, sent it.
+#: The header a gated write carries when its gate names the writer (docs/reference/kubernetes-features.md): clouds
+#: ignore an unknown header; a proxy's or the cloud's request log shows which replica, in which term, sent it.
 WRITER_HEADER = "Ca-Externalgrpc-Writer"
 
 

@@ -1,4 +1,5 @@
-"""The node-group model every cloud maps onto (one model for every cloud; docs/architecture.md, "Layers")."""
+"""The node-group model every cloud maps onto (one model for every cloud; docs/explanation/architecture.md,
+"Layers")."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Instance:
     """One cloud machine of a node group.
 
     ``id`` is what the CA sees and must equal the Kubernetes ``spec.providerID`` of the node the
-    machine registers as, or the CA takes the node for unregistered and deletes it (docs/protocol.md,
+    machine registers as, or the CA takes the node for unregistered and deletes it (docs/reference/protocol.md,
     "Instance status"). ``cloud_id`` is the cloud's own handle used to delete it.
     """
 

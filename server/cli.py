@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     from_in_tree = config_sub.add_parser(
         "from-in-tree",
         help="print the server config for a CA that runs the in-tree scaleway or bizflycloud provider, checked "
-        "by validate, with the CA flag changes and the Helm values diff (docs/migration.md)",
+        "by validate, with the CA flag changes and the Helm values diff (docs/reference/in-tree-differences.md)",
         formatter_class=DefaultsHelpFormatter,
     )
     from_in_tree.add_argument(

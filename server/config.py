@@ -169,7 +169,7 @@ class TLSConfig(ConfigModel):
 
 
 class ServingConfig(ConfigModel):
-    """The gRPC port: which engine serves it, and what one client may hold (docs/operations.md)."""
+    """The gRPC port: which engine serves it, and what one client may hold (docs/reference/config.md)."""
 
     # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
     # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py); it is a
@@ -192,7 +192,7 @@ class ServingConfig(ConfigModel):
     idle_timeout: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
     # A connection open this long (+/-10 %) gets GOAWAY and its calls get max_connection_age_grace before it
     # is closed (grpc-go's MaxConnectionAge and MaxConnectionAgeGrace; 0: never). The backstop that sends a
-    # client through its Service again, to the replica that leads (docs/kubernetes.md).
+    # client through its Service again, to the replica that leads (docs/explanation/kubernetes.md).
     max_connection_age: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
     # What calls get after their connection was sent away (its age, or a replica that stopped leading).
     max_connection_age_grace: duration(0, 3600) = 10.0  # type: ignore[valid-type]
@@ -501,7 +501,7 @@ def validate(
     env = os.environ if env is None else env
     if not isinstance(raw, Mapping):
         found = "an empty file" if raw is None else f"a {type(raw).__name__}"
-        fix = "write key: value pairs, starting from the example in docs/operations.md"
+        fix = "write key: value pairs, starting from the example in docs/how-to/configure.md"
         return Validation(None, (ConfigProblem("(top level)", f"expected a mapping, found {found}", fix),))
     prepared, sources = _with_environment(raw, env, offline)
     context = {"env": env, "offline": offline, "base": base or Path.cwd()}

@@ -86,7 +86,7 @@ SERVER_SETTINGS: Mapping[str, Mapping[str, Any]] = {
             "client_ca": "/etc/ca-externalgrpc/tls/ca.crt",
         },
         "shutdown_grace": "15s",
-        # Two replicas behind the Service: only the Lease holder writes (docs/kubernetes.md).
+        # Two replicas behind the Service: only the Lease holder writes (docs/explanation/kubernetes.md).
         "kubernetes": {
             "leader_election": {
                 "enabled": True,
@@ -380,7 +380,7 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
         )
     if value[BIZFLY_TENANT_ID]:
         # The in-tree client sent it as X-Tenant-Id; it is the project id (the Bizfly cloud-controller-manager
-        # passes the same variable on as one), sent as X-Project-ID (docs/bizfly.md, "Authentication").
+        # passes the same variable on as one), sent as X-Project-ID (docs/reference/bizfly.md, "Authentication").
         backend["project_id"] = value[BIZFLY_TENANT_ID]
     conversion.env = dict(env)
     conversion.backend = backend
@@ -468,7 +468,7 @@ def dump(document: Any) -> str:
 def config_yaml(conversion: Conversion) -> str:
     head = (
         f"# ca-externalgrpc config converted from the CA's in-tree {conversion.provider} provider "
-        f"({conversion.layout} layout; docs/migration.md).\n"
+        f"({conversion.layout} layout; docs/reference/in-tree-differences.md).\n"
         "# Secrets are named by the variable that holds them, never written here.\n"
     )
     return head + dump(conversion.config)

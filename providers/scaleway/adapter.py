@@ -1,10 +1,10 @@
 """Kapsule pools as node groups: the Scaleway ``CloudAdapter``.
 
-Only what is Scaleway-specific lives here (docs/scaleway.md): which pools are
+Only what is Scaleway-specific lives here (docs/reference/scaleway.md): which pools are
 groups, how nodes map to instances, how a size is written and a node deleted, templates and prices.
 Delta and min/max checks, pending changes, locking and syncing are the shared ``Backend``'s.
 
-What this adapter relies on from Kapsule (each fact with its public source: docs/scaleway.md, "Evidence"):
+What this adapter relies on from Kapsule (each fact with its public source: docs/reference/scaleway.md, "Evidence"):
 - ``DELETE .../autoscaler/nodes/{id}`` drains the node and lowers its pool's ``size`` by one on the
   cloud side (public API docs: "Pool size is reduced by 1"; upstream mirrors it with a local
   ``pool.Size--`` after the call). So ``delete_instance`` only deletes; it never PATCHes the size,
@@ -51,7 +51,7 @@ def synthetic_id(node: Node) -> str:
     """Instance id for a node whose ``provider_id`` is still empty (or duplicated).
 
     Upstream keys nodes by ``provider_id``, so several nodes being created collapse into one map entry
-    and the CA under-counts upcoming nodes (docs/scaleway.md, "Instances"). We give such a node an id
+    and the CA under-counts upcoming nodes (docs/reference/scaleway.md, "Instances"). We give such a node an id
     built from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
     unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` providerID. The CA
     sees it as an upcoming instance; when the machine registers, the real providerID replaces it.
@@ -147,7 +147,7 @@ def to_group(pool: Pool, nodes: Iterable[Node], region: str) -> GroupState:
 
 
 def to_groups(pools: Iterable[Pool], nodes: Iterable[Node], region: str) -> tuple[GroupState, ...]:
-    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (docs/scaleway.md)."""
+    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (docs/reference/scaleway.md)."""
     autoscaled = {pool.id: pool for pool in pools if pool.autoscaling}
     by_pool: dict[str, list[Node]] = {pool_id: [] for pool_id in autoscaled}
     for node in nodes:

@@ -1,6 +1,6 @@
 """Scaleway Kapsule API client: the private ``/k8s/v1/regions/{region}/autoscaler/`` endpoints.
 
-These are the endpoints the CA's own Scaleway provider uses (docs/scaleway.md, "Endpoints used"): they carry
+These are the endpoints the CA's own Scaleway provider uses (docs/reference/scaleway.md, "Endpoints used"): they carry
 the per-pool template data (capacity, allocatable, labels, taints as a map, hourly price) that the
 public pool API lacks. This module only speaks HTTP and turns JSON into frozen records; the
 node-group logic lives in ``adapter.py``.
@@ -190,7 +190,7 @@ class ScalewayClient:
 
     def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool | None:
         """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer carried
-        no readable pool (the write is done all the same: docs/scaleway.md, "Writes")."""
+        no readable pool (the write is done all the same: docs/reference/scaleway.md, "Writes")."""
         _require_id("pool id", pool_id)
         answer = self.transport.request(
             "PATCH",

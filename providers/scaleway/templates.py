@@ -2,7 +2,7 @@
 
 Units: the autoscaler endpoint's ``capacity``/``allocatable`` are WHOLE units, as upstream decodes
 them (``resource.NewQuantity(v, DecimalSI)``; Scaleway has not confirmed the unit, see
-docs/scaleway.md, "The simulator"): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes,
+docs/reference/scaleway.md, "The simulator"): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes,
 ``pods`` and GPU resources as counts. They become Kubernetes quantity strings unchanged ("4",
 "17179869184"); no unit is guessed.
 
@@ -20,7 +20,7 @@ the CA's scheduling simulation wrong; the server names the template node itself.
 The instance type is spelled as real nodes carry it, whatever the pool says: the pools API answers its
 ``node_type`` in lower case with underscores (``pro2_xxs``), while Scaleway's cloud-controller-manager
 labels each node with the Instance API's commercial type (``PRO2-XXS``); see instance_type() and
-docs/scaleway.md, "Evidence". No other source (a pool label, a node's label) can change it, as the
+docs/reference/scaleway.md, "Evidence". No other source (a pool label, a node's label) can change it, as the
 cloud-controller-manager rewrites that label on every node it initialises.
 """
 

@@ -55,7 +55,7 @@ class LeaderElectionConfig(ConfigModel):
     # While this replica does not lead, a gRPC connection is sent away (GOAWAY) once it has been open this
     # long and the replica has not led for this long: /readyz fails at once, and by then the kubelet has
     # seen it (readinessProbe periodSeconds 2s + timeout 1s) and the Service's endpoints dropped it
-    # (about 2s), so the client's reconnection reaches the leader (docs/kubernetes.md).
+    # (about 2s), so the client's reconnection reaches the leader (docs/how-to/two-replicas.md).
     follower_connection_age: duration(0.5, 600) = 5.0  # type: ignore[valid-type]
     _name = field_validator("lease_name", mode="before")(kube_object_name)
 
@@ -141,7 +141,7 @@ class LearnedTemplatesConfig(ConfigModel):
     min_write_interval: duration(0, 3600) = 30.0  # type: ignore[valid-type]
     # Labels of a real node kept for its group besides the built-in list (providers/node_labels.py), by
     # learned templates and, even when they are off, in the cloud's template from the nodes NodeGroupForNode
-    # shows (docs/kubernetes.md): keys, or prefixes ending in "/".
+    # shows (docs/reference/kubernetes-features.md): keys, or prefixes ending in "/".
     labels: list[str] = Field(default_factory=list)
     # Taints learned from a node (the pool's own always come from the cloud): keys, or prefixes ending in "/".
     taints: list[str] = Field(default_factory=list)

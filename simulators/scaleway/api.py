@@ -1,7 +1,7 @@
 """The HTTP face of the simulated Kapsule: the four private autoscaler endpoints and Scaleway errors.
 
-Endpoints and shapes are those of docs/scaleway.md, "Endpoints used"; errors follow what recorded traffic
-of the real API shows (docs/scaleway.md, "Evidence"): the services' typed bodies (``{"message", "type",
+Endpoints and shapes are those of docs/reference/scaleway.md, "Endpoints used"; errors follow what recorded traffic
+of the real API shows (docs/reference/scaleway.md, "Evidence"): the services' typed bodies (``{"message", "type",
 ...}``, ``resource`` named ``pool``, ``cluster``, ``node``), the gateway's bare ``{"message": ...}`` for
 server errors and unknown routes, and its rate limiter's 429 with no body, no content type and no
 ``Retry-After``, only ``X-Envoy-Ratelimited: true``. ``Behaviour.error_shapes: typed`` brings back the

@@ -1,6 +1,6 @@
 """Node types the simulated Kapsule knows, and the per-pool template data derived from them.
 
-Units (not confirmed by Scaleway; docs/scaleway.md, "The simulator"): ``capacity`` and ``allocatable``
+Units (not confirmed by Scaleway; docs/reference/scaleway.md, "The simulator"): ``capacity`` and ``allocatable``
 are in WHOLE units, exactly as the upstream provider decodes them (``resource.NewQuantity(v,
 DecimalSI)``): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes, ``pods`` and GPUs as
 counts. Prices are approximate list prices in EUR per hour; they only need to be plausible and distinct.

@@ -127,7 +127,7 @@ class Timings:
 @dataclass(frozen=True)
 class Behaviour:
     """How the simulated API answers. The defaults follow the public evidence of the real one
-    (docs/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
+    (docs/reference/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
 
     # Cache-Control max-age on list answers; None (the default, as recorded) sends no header.
     cache_max_age: int | None = None

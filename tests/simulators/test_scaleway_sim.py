@@ -33,7 +33,8 @@ def sim(manual_clock: ManualClock) -> Iterator[ScalewaySimulator]:
 
 
 class Api:
-    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/scaleway.md, "Endpoints used")."""
+    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/reference/scaleway.md, "Endpoints
+    used")."""
 
     def __init__(self, sim: ScalewaySimulator, session: requests.Session, token: str = SECRET) -> None:
         self.base = f"{sim.url}/k8s/v1/regions/{REGION}/autoscaler"

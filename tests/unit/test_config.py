@@ -500,7 +500,7 @@ def test_the_readme_minimal_config_is_refused_for_its_placeholder_alone():
 
 
 def test_the_operations_guide_example_validates():
-    block = yaml_blocks(ROOT / "docs" / "operations.md", "## Server configuration reference")[0]
+    block = yaml_blocks(ROOT / "docs" / "how-to" / "configure.md", "## Serve two clusters or two clouds")[0]
     parsed = parse(yaml.safe_load(block), env={"SCW_PAR_KEY": SECRET, "SCW_AMS_KEY": SECRET})
     assert [b.name for b in parsed.backends] == ["scw-par", "scw-ams"]
 

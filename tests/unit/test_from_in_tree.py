@@ -444,7 +444,7 @@ def test_from_in_tree_service_layout_names_the_secret_server_mtls_reads(tmp_path
 
 
 def test_from_in_tree_redirected_to_a_file_leaves_problems_on_the_terminal(tmp_path: Path) -> None:
-    # As docs/migration.md runs it: `... from-in-tree ... > config.yaml`, here with nothing set.
+    # As docs/reference/in-tree-differences.md runs it: `... from-in-tree ... > config.yaml`, here with nothing set.
     config = tmp_path / "config.yaml"
     with config.open("w") as out:
         done = subprocess.run(

@@ -73,7 +73,7 @@ def make_node(node_id: str, pool_id: str = "pool-1", status: str = "ready", prov
     return Node(id=node_id, pool_id=pool_id, provider_id=pid, name=f"scw-{node_id}", status=status, error_message="")
 
 
-# ------------------------------------------------------------------ status mapping (docs/scaleway.md, "Status mapping")
+# -------------------------------------------------------- status mapping (docs/reference/scaleway.md, "Status mapping")
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,7 @@ def test_other_creation_errors_are_class_other_with_a_default_message():
     assert instance_status("creation_error", "image pull failed")[1].error_class == ErrorClass.OTHER
 
 
-# ---------------------------------------------------------------------- taints (docs/scaleway.md, "Templates")
+# --------------------------------------------------------------------- taints (docs/reference/scaleway.md, "Templates")
 
 
 def test_parse_taints_upstream_table():
@@ -314,7 +314,7 @@ def test_debug_line_matches_upstream_format():
         assert part in line
 
 
-# ---------------------------------------------------------------------- prices (docs/scaleway.md, "Templates", prices)
+# ------------------------------------------------------------- prices (docs/reference/scaleway.md, "Templates", prices)
 
 
 def test_node_price_rounds_hours_up():
