@@ -53,10 +53,11 @@ def known_flags(program: Path) -> frozenset[str]:
 
     A CA stops at start on a flag it does not know (``unknown flag: --x``, exit status 2), and every
     minor adds flags (1.35: ``--max-node-startup-time``, ``--scale-from-unschedulable`` ...), so what
-    the harness passes is checked against the binary it starts."""
+    the harness passes is checked against the binary it starts. (The listing is the same in every
+    release; up to 1.34 the CA then exits with status 2, "pflag: help requested", from 1.35 on with 0.)"""
     proc = subprocess.run([str(program), "--help"], capture_output=True, text=True, timeout=60, check=False)
     found = frozenset(re.findall(r"^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)", proc.stdout + proc.stderr, re.MULTILINE))
-    if proc.returncode != 0 or not found:
+    if not found:
         status = proc.returncode
         raise AssertionError(f"`{program} --help` listed no flags (exit status {status}): {proc.stderr[-500:]}")
     return found
