@@ -324,9 +324,11 @@ replace k8s.io/sample-controller => k8s.io/sample-controller v0.35.6
 replace k8s.io/autoscaler/cluster-autoscaler/apis => k8s.io/autoscaler/cluster-autoscaler/apis v0.0.0-20260722212750-2d42588803c7
 
 // kube-apiserver 1.35.6 needs the API types of k8s.io/externaljwt and k8s.io/kube-proxy, whose v0.35.6
-// the Go module proxy refuses ("403 This module version is not available"); their v0.35.5 has the
-// same Go files as v0.35.7 (only the go.mod requirements differ), so the files of v0.35.6 too. The
-// cluster-autoscaler links neither (tests/e2e/test_ca_matrix_modules.py checks it).
+// the Go module proxy refuses ("403 This module version is not available"). Their v0.35.5 stands in:
+// its Go files are those of v0.35.7 (only the go.mod requirements differ), so presumably those of
+// v0.35.6 too. The cluster-autoscaler links neither (`go list -deps -tags externalgrpc
+// k8s.io/autoscaler/cluster-autoscaler` names none of their packages): it is built from its release's
+// own pins. See docs/evidence/ca-matrix.md.
 replace k8s.io/externaljwt => k8s.io/externaljwt v0.35.5
 
 replace k8s.io/kube-proxy => k8s.io/kube-proxy v0.35.5
