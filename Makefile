@@ -147,7 +147,7 @@ e2e: build
 # server: scale-up and scale-down on both clouds with the CA's status ConfigMap read back, scale from
 # zero on both, a failed creation backed off on each, and the flags we pass or ship known to each CA
 # (docs/reference/compatibility.md). Group ca-matrix is declared default = false in its build.toml
-# files, so make build, make test and .ci/run never build it; a first build here takes about an hour
+# files, so make build, make test and .ci/run never build it; a first build here takes about 20 minutes
 # on 2 cores.
 e2e-ca-matrix: GO_BUILD_GROUPS = e2e deploy ca-matrix
 e2e-ca-matrix: build
