@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-ca-matrix e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-ca-matrix e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check docs reference
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -106,6 +106,19 @@ HTTP_LISTEN ?= 127.0.0.1:8087
 run: $(STAMP)
 	@if cargo --version > /dev/null 2>&1; then $(MAKE) --no-print-directory $(NATIVE_STAMP); fi
 	@$(PY) -m devstack --listen $(LISTEN) --http-listen $(HTTP_LISTEN)
+
+# The references generated from the code (docs/reference/config.md, metrics.md, cli.md, alerts.md;
+# tests/support/reference.py): run after a change of a config key, a metric, a CLI option or an alert.
+# make test fails, naming this command, while a page and the code disagree (tests/docs/test_reference.py).
+reference: install
+	@$(PY) -m tests.support.reference --write
+
+# The docs site: docs/ built by MkDocs with the Material theme into site/ (never committed), strictly: a
+# link to a missing page, file or heading fails it (mkdocs.yml; make test runs the same build in
+# tests/docs/test_site.py). NO_MKDOCS_2_WARNING: the theme's notice about MkDocs 2.0 (pyproject.toml
+# keeps MkDocs below 2).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: install
 	$(VENV)/bin/ruff check .

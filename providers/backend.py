@@ -453,8 +453,10 @@ class Backend:
             before = previous.groups.get(group.id)
             kept = _kept_instances(group.instances, before.instances if before else (), previous.instances_by_id)
             unchanged = unchanged and before is not None and kept is before.instances
+            # The pool's name as one word (``status`` reads the words it knows from the debug string).
+            name = f" name={'_'.join(group.name.split())}" if group.name.strip() else ""
             groups[group.id] = replace(
-                group, instances=kept, debug=f"backend={self.name} synced={synced} {group.debug}".strip()
+                group, instances=kept, debug=f"backend={self.name} synced={synced}{name} {group.debug}".strip()
             )
         if unchanged:
             # Every group holds the very machines it held: the lookups of the last snapshot stand.

@@ -345,6 +345,7 @@ class HttpTransport:
         base_url: str,
         *,
         user_agent: str,
+        headers: Mapping[str, str] | None = None,
         auth: Callable[[bool], Mapping[str, str]] | None = None,
         error_message: Callable[[int, Any], str] | None = None,
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, immutable default
@@ -356,7 +357,11 @@ class HttpTransport:
         secrets: Iterable[str] = (),
         is_auth_failure: Callable[[int, Any], bool] | None = None,
     ) -> None:
-        """``is_auth_failure(status, body)`` decides whether a 401/403 is a credentials problem
+        """``headers`` go with every request: a static credential (Scaleway's secret key), which a 401
+        refuses for good. ``auth(refresh)`` gives the headers of a token that can be renewed (Bizfly's): a
+        401 renews it once (``auth(True)``) and repeats the request; a second 401 is final.
+
+        ``is_auth_failure(status, body)`` decides whether a 401/403 is a credentials problem
         (default: always). Some clouds answer 403 for other refusals, e.g. Scaleway's
         ``quotas_exceeded``, which must not read as "check your key"."""
         self.api = api  # the API this transport calls: the `api` label of its metrics and logs
@@ -381,6 +386,7 @@ class HttpTransport:
         self._headers = urllib3.HTTPHeaderDict(
             {"User-Agent": user_agent, "Accept-Encoding": _ACCEPT_ENCODING, "Accept": "application/json"}
         )
+        self._headers.update(headers or {})
         self._pool = _pool_manager(self.base_url)
 
     # ------------------------------------------------------------------ public

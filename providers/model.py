@@ -93,6 +93,8 @@ class GroupState:
     instances: tuple[Instance, ...]
     template: NodeTemplate | None = None
     debug: str = ""
+    #: the pool's name in the cloud's console, for people (``status``); the id is what the CA uses
+    name: str = ""
     price_per_hour: float | None = None
     cloud_data: Any = field(default=None, compare=False, repr=False)
 

@@ -196,8 +196,8 @@ class BizflyAdapter(CloudAdapter):
         instances = self._instances(pool_id, [n for n in nodes if isinstance(n, Mapping)])
         merged = {**entry, **pool}
         debug = (
-            f"pool={merged.get('name', '')} id={pool_id} flavor={merged.get('flavor', '')} min={min_size} "
-            f"max={max_size} desired={desired} status={merged.get('provision_status', '')}"
+            f"id={pool_id} flavor={merged.get('flavor', '')} min={min_size} max={max_size} desired={desired} "
+            f"status={merged.get('provision_status', '')}"
         )
         return GroupState(
             id=pool_id,
@@ -206,6 +206,7 @@ class BizflyAdapter(CloudAdapter):
             target_size=desired,
             instances=instances,
             debug=debug,
+            name=str(merged.get("name") or ""),
             cloud_data=PoolData(merged, self.config.region_label),
         )
 

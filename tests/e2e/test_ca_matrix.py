@@ -58,7 +58,7 @@ class Row:
 
     release: CaRelease
     ca_version: str  # what the CA logs at start ("Cluster Autoscaler <version>")
-    generation: str  # the externalgrpc proto generation its client speaks (docs/protocol.md)
+    generation: str  # the externalgrpc proto generation its client speaks (docs/reference/protocol.md)
 
 
 # The control plane: the Kubernetes release each CA pins (its go.mod), etcd as that Kubernetes release
