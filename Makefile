@@ -203,8 +203,8 @@ native-test: install
 # without podman those are skipped.
 PODMAN := $(shell command -v podman 2>/dev/null)
 test: build native-test wheels $(if $(PODMAN),image node-images)
-	$(PY) -m pytest -q tests
-	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q tests/integration tests/hostile/test_http_port.py tests/hostile/test_http_fuzz.py
+	$(PY) -m pytest -q --durations=25 tests
+	CA_EXTERNALGRPC_TEST_ENGINE=grpcio $(PY) -m pytest -q --durations=10 tests/integration tests/hostile/test_http_port.py tests/hostile/test_http_fuzz.py
 
 # The replay of the CA's calls (Go load client) against our server and the upstream example, at
 # 1,000 to 20,000 nodes (tests/bench/README.md).
