@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -46,42 +48,24 @@ BASE_FLAGS: dict[str, str] = {
 }
 
 
-#: The ConfigMap (in kube-system) where the CA writes its status every loop (``--write-status-configmap``).
-STATUS_CONFIGMAP = "cluster-autoscaler-status"
+@cache
+def known_flags(program: Path) -> frozenset[str]:
+    """The flags a cluster-autoscaler binary accepts, as its own ``--help`` lists them.
+
+    A CA stops at start on a flag it does not know (``unknown flag: --x``, exit status 2), and every
+    minor adds flags (1.35: ``--max-node-startup-time``, ``--scale-from-unschedulable`` ...), so what
+    the harness passes is checked against the binary it starts. (The listing is the same in every
+    release; up to 1.34 the CA then exits with status 2, "pflag: help requested", from 1.35 on with 0.)"""
+    proc = subprocess.run([str(program), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    found = frozenset(re.findall(r"^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)", proc.stdout + proc.stderr, re.MULTILINE))
+    if not found:
+        status = proc.returncode
+        raise AssertionError(f"`{program} --help` listed no flags (exit status {status}): {proc.stderr[-500:]}")
+    return found
 
 
-@dataclass(frozen=True)
-class GroupStatus:
-    """One node group as the CA's status ConfigMap shows it."""
-
-    min_size: int
-    max_size: int
-    target: int  # cloudProviderTarget: the target size the CA last read from the provider
-    registered: int
-    ready: int
-    scale_up: str
-
-    def sizes(self) -> tuple[int, int, int]:
-        return (self.min_size, self.max_size, self.target)
-
-
-def parse_status(text: str) -> tuple[str, dict[str, GroupStatus]]:
-    """The ``status`` key of the CA's status ConfigMap: when the CA wrote it (its own ``time``) and its node
-    groups by id."""
-    document = yaml.safe_load(text or "") or {}
-    found = {}
-    for group in document.get("nodeGroups") or []:
-        health = group.get("health") or {}
-        registered = (health.get("nodeCounts") or {}).get("registered") or {}
-        found[str(group["name"])] = GroupStatus(
-            min_size=int(health.get("minSize", 0)),
-            max_size=int(health.get("maxSize", 0)),
-            target=int(health.get("cloudProviderTarget", 0)),
-            registered=int(registered.get("total", 0)),
-            ready=int(registered.get("ready", 0)),
-            scale_up=str((group.get("scaleUp") or {}).get("status", "")),
-        )
-    return str(document.get("time", "")), found
+def unknown_flags(program: Path, flags: Mapping[str, object]) -> list[str]:
+    return sorted(set(flags) - known_flags(program))
 
 
 def write_cloud_config(path: Path, address: str, grpc_timeout: str = "5s") -> Path:
@@ -160,6 +144,11 @@ class Autoscaler:
             flags["cloud-config"] = str(cloud_config)
         # Metrics on a port the CA binds itself; read back from /proc once it runs.
         flags["address"] = "127.0.0.1:0"
+        if unknown := unknown_flags(program, flags):
+            raise AssertionError(
+                f"{program.name} has no flag {', '.join('--' + f for f in unknown)}: it would exit at start with "
+                "'unknown flag'; pass that flag only to the releases that have it (docs/reference/compatibility.md)"
+            )
         self.metrics_address = ""
         self.flags = flags
         self.argv = [str(program), *(f"--{k}={v}" for k, v in flags.items())]

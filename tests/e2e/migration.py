@@ -14,8 +14,8 @@
   1.36.1 built with externalgrpc pointed at it.
 
 Each hand-over stops the CA first (SIGTERM: it deletes its status ConfigMap on the way out), so the
-status ConfigMap read afterwards is the new CA's own. ``status`` reads it; ``quiet_window`` checks the
-first loops after a switch.
+status ConfigMap read afterwards is the new CA's own (``E2EEnvironment.status`` reads only the running
+CA's). ``quiet_window`` checks the first loops after a switch.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from devstack.harness import REPO_ROOT, SCW_SECRET, child_env
 from simulators.bizfly import BizflySimulator
 from simulators.common.request_log import RecordedRequest
 from simulators.scaleway import ScalewaySimulator
-from tests.e2e.autoscaler import STATUS_CONFIGMAP, Autoscaler, GroupStatus, LogEntry, parse_status, write_cloud_config
+from tests.e2e.autoscaler import Autoscaler, LogEntry, write_cloud_config
 from tests.e2e.control_plane import ControlPlane
-from tests.e2e.environment import BACKEND_SYNC, AutoscalerPrograms, E2EEnvironment, Layout, OurServer
+from tests.e2e.environment import BACKEND_SYNC, AutoscalerPrograms, E2EEnvironment, GroupStatus, Layout, OurServer
 from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
 from tests.support.gobuild import GoBuildError, binary_path
 from tests.support.https_intercept import BIZFLY_PRODUCTION_HOST, InterceptingProxy
@@ -205,33 +205,6 @@ class MigrationEnvironment(E2EEnvironment):
             self.server = None
 
     # ------------------------------------------------------------------------------------- reads
-    def status(self) -> dict[str, GroupStatus]:
-        """The node groups of the CA's status ConfigMap; empty until the running CA has written it."""
-        return self.status_written()[1]
-
-    def status_written(self) -> tuple[str, dict[str, GroupStatus]]:
-        """When the running CA last wrote its status ConfigMap (its own ``time``), and the node groups there."""
-        try:
-            config_map = self.core.read_namespaced_config_map(STATUS_CONFIGMAP, "kube-system")
-        except kubernetes.client.ApiException as err:
-            if err.status == 404:
-                return "", {}
-            raise
-        created = config_map.metadata.creation_timestamp if config_map.metadata else None
-        if created is None or created.timestamp() < self.switched_at - 1:
-            return "", {}  # still the previous CA's (the CA deletes it when it stops)
-        return parse_status((config_map.data or {}).get("status", ""))
-
-    def settled_status(self, timeout: float = 60) -> dict[str, GroupStatus]:
-        """The status once every group has as many ready nodes as its target (the cloud and the CA agree)."""
-
-        def settled() -> dict[str, GroupStatus]:
-            found = self.status()
-            ok = found and all(g.ready == g.registered == g.target for g in found.values())
-            return found if ok else {}
-
-        return self.wait_for(settled, timeout, "the CA's status: every group's ready nodes equal to its target")
-
     def cloud_writes(self, since: float) -> list[RecordedRequest]:
         """Every request that changes the cloud since ``since`` (any method but GET, logins aside)."""
         sim = self.scw if self.cloud == "scaleway" else self.bz

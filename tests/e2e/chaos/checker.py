@@ -50,7 +50,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.e2e.autoscaler import parse_status
+import yaml
+
+from tests.e2e.environment import status_groups
 
 #: Seconds after a CA ask in which the size write it causes reaches the cloud: the CA's gRPC timeout
 #: (every write our server sends for a call goes out within the call's deadline) and a second for the
@@ -352,7 +354,7 @@ def _live(history: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _ca_equals_cloud(result: Result, history: dict[str, Any]) -> None:
-    _, groups = parse_status(history["kubernetes"]["ca_status"])
+    _, groups = status_groups(yaml.safe_load(history["kubernetes"]["ca_status"] or "") or {})
     live = _live(history)
     for pool in history["final"]["pools"]:
         group = groups.get(pool["id"])

@@ -31,8 +31,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from providers.http_transport import WRITER_HEADER
-from tests.e2e.autoscaler import STATUS_CONFIGMAP
-from tests.e2e.environment import E2EEnvironment
+from tests.e2e.environment import STATUS_CONFIGMAP, E2EEnvironment
 from tests.e2e.replicas import IDENTITIES, NAMESPACE, ReplicatedServer
 from tests.reliability.clouds import BizflyKit, ScalewayKit
 
