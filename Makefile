@@ -229,7 +229,8 @@ bench-kube: build
 # MINUTES minutes each, every one the real CA 1.36.1 with two replicas of our server and both simulated
 # clouds under a nemesis the seed drives; one line per seed, then the summary line "chaos: ...". SEED=n
 # reruns that seed alone (with the same MINUTES, the same schedule). The defaults fit a 2-core CI machine
-# (about 6 min a seed); make test runs a one-seed smoke (tests/e2e/test_chaos.py).
+# (a seed takes its MINUTES and about a minute more: 5.4-6.4 min at MINUTES=5, docs/evidence/chaos.md);
+# make test runs a one-seed smoke (tests/e2e/test_chaos.py).
 SEEDS ?= 3
 MINUTES ?= 3
 chaos: GO_BUILD_GROUPS = e2e
