@@ -176,7 +176,7 @@ CASES = (
         ),
     ),
     Case(
-        "the cloud rate-limits: 429s for 15 minutes fire after 10, resolve 5 minutes after the last",
+        "the cloud rate-limits: 429s for 15 minutes fire after 10, resolve within 3 minutes of the last",
         {
             **everything_fine(30),
             series("ca_externalgrpc_cloud_api_requests_total", {**SCW, "status": "429"}): flat_after(
@@ -186,7 +186,7 @@ CASES = (
         (
             Check("8m"),
             Check("12m", {"CaExternalGrpcCloudRateLimited": [BREAKER]}),
-            Check("22m"),
+            Check("19m"),
         ),
     ),
     Case(
@@ -205,7 +205,7 @@ CASES = (
         (
             Check("8m"),
             Check("12m", {"CaExternalGrpcRpcErrors": [UNAVAILABLE_INCREASES]}),
-            Check("22m"),
+            Check("19m"),
         ),
     ),
     Case(
