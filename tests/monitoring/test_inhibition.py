@@ -7,6 +7,7 @@ that paged twice is tests/monitoring/test_rules.py's "a wrong key from the start
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tests.monitoring.prometheus import Alertmanager
 
 POD = {"cluster": "kapsule-1", "namespace": "kube-system", "pod": "ca-0"}
 BACKEND = {**POD, "backend": "scaleway"}
+SETTLE_SECONDS = 10.0
 SCRAPE = {"job": "ca-externalgrpc", "instance": "10.0.0.5:8087"}
 
 
@@ -81,13 +83,24 @@ def test_one_cause_pages_once(alertmanager: Alertmanager, case: str) -> None:
     tag = case.replace(" ", "-")
     sent = [{**labels, "cluster": f"{tag}/{labels['cluster']}"} for labels in posted]
     alertmanager.post([{"labels": labels, "annotations": {"summary": case}} for labels in sent])
-    held = {
-        key({**a["labels"], "cluster": a["labels"]["cluster"].split("/")[1]}): a["status"]
-        for a in alertmanager.alerts()
-        if a["labels"]["cluster"].startswith(f"{tag}/")
-    }
-    assert set(held) == {key(labels) for labels in posted}
-    suppressed = {name for name, status in held.items() if status["state"] == "suppressed"}
-    assert suppressed == inhibited
-    for name in suppressed:
-        assert held[name]["inhibitedBy"], name
+
+    def held() -> dict[str, dict]:
+        return {
+            key({**a["labels"], "cluster": a["labels"]["cluster"].split("/")[1]}): a["status"]
+            for a in alertmanager.alerts()
+            if a["labels"]["cluster"].startswith(f"{tag}/")
+        }
+
+    def suppressed_in(alerts: dict[str, dict]) -> set[str]:
+        return {name for name, status in alerts.items() if status["state"] == "suppressed"}
+
+    # Alertmanager's inhibitor learns of a posted alert from its alert stream, a moment after the POST is
+    # answered (an inhibiting alert read at once may not inhibit yet): read again for up to SETTLE_SECONDS.
+    now, deadline = held(), time.monotonic() + SETTLE_SECONDS
+    while suppressed_in(now) != inhibited and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = held()
+    assert set(now) == {key(labels) for labels in posted}
+    assert suppressed_in(now) == inhibited
+    for name in inhibited:
+        assert now[name]["inhibitedBy"], name
