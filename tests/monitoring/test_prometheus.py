@@ -1,5 +1,5 @@
 """The smoke of ``make alerts``: a real Prometheus scraping real servers with the shipped rules and
-dashboard, in about a minute (scrapes and evaluations every second, a CA loop every second, short
+dashboard, in about a minute (scrapes every 2 s, evaluations and a CA loop every second, short
 cloud timeouts; ``make alerts`` runs every fault with the shipped intervals and measures the times).
 
 Three clusters (tests/monitoring/clusters.py), each a namespace of its own: one healthy, one whose
@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy import promql
 from tests.monitoring.clusters import Cluster
@@ -35,11 +37,11 @@ from tests.monitoring.prometheus import AlertLog, Prometheus
 from tests.monitoring.tools import DASHBOARD
 
 FAST_SYNC = {"interval": "2s", "min_interval": "1s"}
-# A probe (the breaker's half-open call) that times out after 4 s (a few scrapes see it), one attempt per call:
-# the breaker opens after five failed syncs, about 30 s, then probes every 30 s.
-HANGING_CLOUD = {"request_timeout": "4s", "max_attempts": 1}
+# A probe (the breaker's half-open call) that times out after 3 s (one or two scrapes see it), one attempt per call:
+# the breaker opens after five failed syncs, about 20 s, then probes every 30 s.
+HANGING_CLOUD = {"request_timeout": "3s", "max_attempts": 1}
 CLUSTER_LABEL = "smoke"
-RATE_INTERVAL = "15s"  # what Grafana's $__rate_interval is for a 1 s scrape and a short range
+RATE_INTERVAL = "15s"  # at least Grafana's $__rate_interval for a 2 s scrape (4 scrapes) and a short range
 
 
 @dataclass
@@ -57,32 +59,56 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     workdir = Path(tmp_path_factory.mktemp("prometheus-smoke"))
     clusters: list[Cluster] = []
     prometheus = None
+
+    def cluster(name: str, **extra: Any) -> Cluster:
+        clusters.append(Cluster(name, workdir / name, scan_interval=1.0, sync=FAST_SYNC, **extra))
+        return clusters[-1]
+
     try:
-        for name, extra in (
-            ("healthy", {}),
-            ("wrong-key", {"key_refused": True}),
-            ("hanging", {"cloud": HANGING_CLOUD}),
-        ):
-            clusters.append(Cluster(name, workdir / name, scan_interval=1.0, sync=FAST_SYNC, **extra))
+        # The hanging cloud first: its breaker takes about 20 s to open, while the others start.
+        hanging = cluster("hanging", cloud=HANGING_CLOUD)
+        _wait(f"{hanging.name}: a good sync, the breaker closed", lambda: _closed(hanging), 30)
+        hanging.network.set("hang")
+        hang_started = time.time()
+        healthy, wrong_key = cluster("healthy"), cluster("wrong-key", key_refused=True)
         targets = [c.target for c in clusters]
         targets = [type(t)(t.address, t.namespace, t.pod, {"cluster": CLUSTER_LABEL}) for t in targets]
-        prometheus = Prometheus(workdir / "prometheus", targets, scrape_interval="1s", evaluation_interval="1s")
-        healthy, wrong_key, hanging = clusters
-        prometheus.wait("the breaker of the hanging cluster scraped closed", lambda: _closed(prometheus), 30)
-        hanging.network.set("hang")
-        yield Lab(prometheus, healthy, wrong_key, hanging, time.time(), AlertLog(prometheus))
+        # Scrapes every 2 s: a scrape may take as long (its timeout), and one that fails makes every series
+        # of the target stale, which ends a pending alert; on a loaded machine 1 s was too short for that.
+        prometheus = Prometheus(workdir / "prometheus", targets, scrape_interval="2s", evaluation_interval="1s")
+        yield Lab(prometheus, healthy, wrong_key, hanging, hang_started, AlertLog(prometheus))
     finally:
         if prometheus is not None:
             prometheus.stop()
-        for cluster in clusters:
-            cluster.stop()
+        for each in clusters:
+            each.stop()
 
 
 BREAKER_STATE = 'ca_externalgrpc_cloud_api_circuit_breaker_state{{namespace="hanging", state="{}"}}'
 
 
-def _closed(prometheus: Prometheus) -> bool:
-    return bool(prometheus.query(f"{BREAKER_STATE.format('closed')} == 1"))
+def _closed(cluster: Cluster) -> bool:
+    """The server's own /metrics: a good sync done (not stale) and the breaker closed."""
+    status, text = cluster.server.http_get("/metrics")
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+    stale = [v for (name, _), v in samples.items() if name == "ca_externalgrpc_snapshot_stale"]
+    closed = [
+        v
+        for (name, labels), v in samples.items()
+        if name == "ca_externalgrpc_cloud_api_circuit_breaker_state" and ("state", "closed") in labels
+    ]
+    return status == 200 and stale == [0.0] and closed == [1.0]
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f}s"
+        time.sleep(0.5)
 
 
 def _alerts(prometheus: Prometheus, name: str, namespace: str) -> list[dict]:
@@ -180,7 +206,10 @@ def test_a_hanging_cloud_keeps_the_breaker_alert_pending_through_its_probes(lab:
     prometheus.wait("a half-open probe scraped, then open again", after_a_probe, 75, 0.5)
     lab.log.poll(time.time())
     still = _alerts(prometheus, name, "hanging")
-    assert still and still[0]["activeAt"] == active_at, "the alert restarted its pending time at a probe"
+    scrapes = prometheus.query('min_over_time(up{namespace="hanging"}[3m])')
+    slowest = prometheus.query('max_over_time(scrape_duration_seconds{namespace="hanging"}[3m])')
+    restarted = f"the alert restarted its pending time (lowest up {scrapes}, slowest scrape {slowest})"
+    assert still and still[0]["activeAt"] == active_at, restarted
     assert lab.log.resets.get(name, 0) == 0
 
 
