@@ -1,9 +1,12 @@
 """The README's and the docs' commands that run offline, run as printed, and the outputs they promise.
 
-Each test takes the command or the output block from the document itself, so an edit of the docs that
-the code does not follow (or the reverse) fails here. What needs a cluster or a registry is walked
-elsewhere: the image's podman lines in tests/install/test_image.py, the Helm and kustomize trees in
-tests/deploy, the in-cluster migration in tests/e2e/test_migration.py.
+Each test takes the command or the output block from the document itself (tests/support/docpages.py), so
+an edit of the docs that the code does not follow (or the reverse) fails here. What needs a cluster or a
+registry is walked elsewhere: every command of the tutorials on a real node in
+tests/e2e/test_node_tutorials.py (``make node-e2e``), the image's podman lines in
+tests/install/test_image.py, the Helm and kustomize trees in tests/deploy, the in-cluster migration in
+tests/e2e/test_migration.py. Here, the tutorials' steps that need no cluster: what their Helm and
+kustomize commands would apply, rendered, and the lengths the README and the tutorials are held to.
 """
 
 from __future__ import annotations
@@ -26,24 +29,13 @@ from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.bizfly import demo_scenario as bizfly_demo
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
+from tests.support.docpages import blocks, plain_block
 from tests.support.gobuild import BinaryNotBuilt, binary_path
 
 README = REPO_ROOT / "README.md"
 OPERATIONS = REPO_ROOT / "docs" / "operations.md"
 MIGRATION = REPO_ROOT / "docs" / "migration.md"
 DEMO_ADDRESS = "127.0.0.1:8086"  # what the docs write; the tests serve on a free port instead
-
-
-def blocks(doc: Path, after: str, fence: str = "```sh\n") -> list[str]:
-    """The fenced blocks (``fence``) of ``doc`` after the heading or text ``after``."""
-    text = doc.read_text().split(after, 1)[1]
-    return [part.split("```", 1)[0] for part in text.split(fence)[1:]]
-
-
-def plain_block(doc: Path, after: str) -> list[str]:
-    """The lines of the first unlabelled fenced block after ``after`` (an output the doc shows)."""
-    text = doc.read_text().split(after, 1)[1]
-    return text.split("```\n", 1)[1].split("```", 1)[0].splitlines()
 
 
 def cli(*args: str, cwd: Path = REPO_ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -102,7 +94,7 @@ def test_readme_demo_has_the_pools_the_readme_describes(demo: tuple[ChildProcess
 def test_readme_status_command_against_the_demo(demo: tuple[ChildProcess, str]) -> None:
     _, address = demo
     (command,) = [
-        line for line in blocks(README, "## Quick start (no cloud account)")[1].splitlines() if "status" in line
+        line for line in blocks(README, "## Try it in a minute (no cloud account)")[1].splitlines() if "status" in line
     ]
     assert command == f".venv/bin/ca-externalgrpc status --address {DEMO_ADDRESS}"
     done = subprocess.run(
