@@ -14,7 +14,7 @@ from tests.deploy.chart import CA_1_36_1, chart_version
 from tests.deploy.rendering import DEPLOY, KUBERNETES, find_kustomize, objects, pod_containers, render
 
 REPO = DEPLOY.parent
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 #: every tree an operator applies (the overlays, and server-mtls alone beside the Helm chart)
 APPLIED = ("overlays/scaleway", "overlays/bizfly", "overlays/mtls-service", "server-mtls")
 SERVER_IMAGE = "ca-externalgrpc-server"

@@ -13,23 +13,29 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from devstack.clouds import scaleway_backend
-from devstack.harness import REPO_ROOT, ChildProcess, ServerProcess, child_env, server_config
+from devstack.harness import REPO_ROOT, SCW_SECRET, ChildProcess, ServerProcess, child_env, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from simulators.bizfly import demo_scenario as bizfly_demo
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
-from tests.support.docpages import blocks, plain_block
+from tests.deploy.chart import CA_1_36_1, chart_dir, chart_version
+from tests.deploy.rendering import find_kustomize
+from tests.support.docpages import Tutorial, blocks, checked, commands, plain_block, words
 from tests.support.gobuild import BinaryNotBuilt, binary_path
 
 README = REPO_ROOT / "README.md"
@@ -194,3 +200,133 @@ def test_migration_problem_example_is_what_from_in_tree_prints(tmp_path: Path) -
     )
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines() == shown
+
+
+# ---------------------------------------------------------------------------------------------- tutorials
+TUTORIALS = REPO_ROOT / "docs" / "tutorials"
+KAPSULE = Tutorial(TUTORIALS / "kapsule.md")
+BIZFLY = Tutorial(TUTORIALS / "bizfly.md")
+MIGRATE = Tutorial(TUTORIALS / "migrate-from-in-tree.md")
+#: where a reader of the README leaves it for a tutorial (its "Start here" list), and where a tutorial
+#: has shown them the CA scaling a pool
+README_START_HERE = "## Why not the in-tree providers"
+SCALED = "**the CA has scaled the pool"
+#: the limits the docs are held to (issue 38): words as `wc -w` counts them, code included
+README_WORDS, TUTORIAL_WORDS, TO_A_SCALED_POOL = 1500, 2500, 2000
+REGISTRY = "registry.example.com/team"
+VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def reading_path(tutorial: Tutorial) -> int:
+    """Words from the README's first line to its link to ``tutorial``, then to the tutorial's scaled pool."""
+    readme = README.read_text()
+    assert f"(docs/tutorials/{tutorial.path.name})" in readme.split(README_START_HERE, 1)[0]
+    return words(readme.split(README_START_HERE, 1)[0]) + words(tutorial.path.read_text().split(SCALED, 1)[0])
+
+
+def test_the_readme_and_the_tutorials_are_as_short_as_promised() -> None:
+    counts = {"README.md": words(README.read_text())}
+    counts.update({t.path.name: words(t.path.read_text()) for t in (KAPSULE, BIZFLY, MIGRATE)})
+    assert counts["README.md"] <= README_WORDS, counts
+    assert all(n <= TUTORIAL_WORDS for n in counts.values()), counts
+    paths = {t.path.name: reading_path(t) for t in (KAPSULE, BIZFLY)}
+    assert all(n < TO_A_SCALED_POOL for n in paths.values()), paths
+    # The tutorials name this release's image and archive, nothing older.
+    for tutorial in (KAPSULE, BIZFLY, MIGRATE):
+        named = set(re.findall(r"ca-externalgrpc-server[:-](\d+\.\d+\.\d+)", tutorial.path.read_text()))
+        assert named == {VERSION}, (tutorial.path.name, named)
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A folder where a tutorial's commands run as from the repository's root: deploy/ and a values file
+    there are copies, so what the commands write stays out of the checkout."""
+    shutil.copytree(REPO_ROOT / "deploy", tmp_path / "deploy")
+    return tmp_path
+
+
+def helm_template(command: str) -> str:
+    """``helm install`` or ``upgrade`` of the official chart as the tutorials write it, as ``helm template``
+    of the chart we render (tests/deploy/chart.py): what the command would apply, without a cluster."""
+    pinned = f"autoscaler/cluster-autoscaler --version {chart_version(CA_1_36_1)}"
+    verb = re.match(rf"helm (?:-n kube-system )?(?:install|upgrade) (\S+) {re.escape(pinned)} ", command)
+    assert verb, f"not an install or upgrade of chart {pinned}: {command}"
+    return f"{binary_path('helm')} template {verb.group(1)} {chart_dir(CA_1_36_1)} {command[verb.end() :]}"
+
+
+def sidecar_and_ca(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    (deployment,) = [d for d in docs if d and d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (sidecar,) = [c for c in pod.get("initContainers", []) if c["name"] == "ca-externalgrpc"]
+    ca = pod["containers"][0]  # named after the cloud provider unless the values set nameOverride
+    return pod, sidecar, ca
+
+
+def test_the_kapsule_tutorials_install_applies_the_pushed_image_the_pull_secret_and_the_ca_release(
+    checkout: Path,
+) -> None:
+    values = {**KAPSULE.values(), "REGISTRY": REGISTRY, "CA_VERSION": "v1.35.2", "SCW_SECRET_KEY": "s"}
+    install = commands(KAPSULE.block("## 6."))
+    assert install[0] == "helm repo add autoscaler https://kubernetes.github.io/autoscaler"
+    (sed,) = [c for c in install if c.startswith("sed ")]
+    (helm,) = [c for c in install if c.startswith("helm install")]
+    upgrade = commands(KAPSULE.block("## Upgrade", "helm -n kube-system upgrade"))[0]
+    for command in (helm, upgrade):
+        done = KAPSULE.run(f"{sed}\n{helm_template(command)}", values, cwd=checkout)
+        pod, sidecar, ca = sidecar_and_ca(list(yaml.safe_load_all(checked(done, command))))
+        assert sidecar["image"] == f"{REGISTRY}/ca-externalgrpc-server:{VERSION}"
+        assert pod["imagePullSecrets"] == [{"name": "ca-externalgrpc-pull"}]
+        assert ca["image"] == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.2"
+        assert "--cloud-provider=externalgrpc" in ca["command"]
+
+
+def test_the_bizfly_tutorials_overlay_applies_the_pushed_image_the_pull_secret_and_the_ca_release(
+    checkout: Path,
+) -> None:
+    values = {
+        **BIZFLY.values(),
+        "REGISTRY": REGISTRY,
+        "CA_VERSION": "v1.35.2",
+        "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": "s",
+    }
+    deploy = commands(BIZFLY.block("## 6."))
+    assert deploy[-2:] == [
+        "kubectl apply -k my-bizfly",
+        "kubectl -n kube-system rollout status deployment/cluster-autoscaler --timeout=5m",
+    ]
+    checked(BIZFLY.run("\n".join(deploy[:-2]), values, cwd=checkout), "the overlay's commands")
+    docs = find_kustomize().render(checkout / "my-bizfly")
+    pod, sidecar, ca = sidecar_and_ca(docs)
+    assert sidecar["image"] == f"{REGISTRY}/ca-externalgrpc-server:{VERSION}"
+    assert pod["imagePullSecrets"] == [{"name": "ca-externalgrpc-pull"}]
+    assert ca["image"] == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.2"
+    (config,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("ca-externalgrpc-config")
+    ]
+    assert [b["type"] for b in yaml.safe_load(config["data"]["config.yaml"])["backends"]] == ["bizfly"]
+
+
+def test_the_migration_tutorials_conversion_makes_the_values_of_the_switch(checkout: Path) -> None:
+    # The reader's state: an in-tree release's values, and the keys of the Secret its envFromSecret names
+    # (what the page's kubectl line writes to credentials.env).
+    values = {**MIGRATE.values(), "REGISTRY": REGISTRY}
+    in_tree = {"cloudProvider": "scaleway", "autoDiscovery": {"clusterName": "c"}, "envFromSecret": values["SECRET"]}
+    (checkout / "my-values.yaml").write_text(yaml.safe_dump(in_tree))
+    convert = commands(MIGRATE.block("## 3.", "from-in-tree"))
+    assert convert[0].startswith('kubectl -n kube-system get secret "$SECRET"') and convert[0].endswith(
+        "> credentials.env"
+    )
+    (checkout / "credentials.env").write_text(
+        f"CLUSTER_ID=11111111-2222-3333-4444-555555555555\nSCW_REGION=fr-par\nSCW_SECRET_KEY={SCW_SECRET}\n"
+    )
+    (checkout / ".venv").symlink_to(REPO_ROOT / ".venv")
+    checked(MIGRATE.run("\n".join(convert[1:]), values, cwd=checkout), "the conversion")
+    assert not (checkout / "credentials.env").exists()
+    checked(MIGRATE.run(MIGRATE.block("## 3.", "patch "), values, cwd=checkout), "the values' patch")
+    (switch,) = [c for c in commands(MIGRATE.block("## 4.")) if c.startswith("helm")]
+    done = MIGRATE.run(helm_template(switch), values, cwd=checkout)
+    pod, sidecar, ca = sidecar_and_ca(list(yaml.safe_load_all(checked(done, switch))))
+    assert sidecar["image"] == f"{REGISTRY}/ca-externalgrpc-server:{VERSION}"
+    assert sidecar["envFrom"] == [{"secretRef": {"name": values["SECRET"]}}]
+    assert pod["imagePullSecrets"] == [{"name": "ca-externalgrpc-pull"}]
+    assert "--cloud-provider=externalgrpc" in ca["command"] and not ca.get("envFrom")
