@@ -174,12 +174,7 @@ def test_the_kapsule_tutorial_on_a_real_node(start_node: Any) -> None:
     check_status(walk, status, "scaleway")
     walk.run_inline("helm -n kube-system uninstall cluster-autoscaler")
     env.wait_for(lambda: not env.pods(CA_SELECTOR), 120, "the CA's pod gone")
-    walk.finish()
-    registry.stop()
-    charts.stop()
-    env.stop()
-    assert env.real_node.leftovers == [], env.real_node.leftovers
-    publish(walk.summary())
+    end_walk(walk, registry, charts)
 
 
 @pytest.mark.e2e
@@ -241,11 +236,7 @@ def test_the_bizfly_tutorial_on_a_real_node(start_node: Any) -> None:
     check_status(walk, status, "bizfly")
     walk.run_inline("kubectl delete -k my-bizfly")
     env.wait_for(lambda: not env.pods(CA_SELECTOR), 120, "the CA's pod gone")
-    walk.finish()
-    registry.stop()
-    env.stop()
-    assert env.real_node.leftovers == [], env.real_node.leftovers
-    publish(walk.summary())
+    end_walk(walk, registry)
 
 
 @pytest.mark.e2e
@@ -327,11 +318,16 @@ def test_the_migration_tutorial_on_a_real_node(start_node: Any) -> None:
     assert pod.metadata.name in listed, listed
     assert "--cloud-provider=scaleway" in (pod.spec.containers[0].command or [])
     assert not pod.spec.init_containers
+    end_walk(walk, registry, charts)
+
+
+def end_walk(walk: Walk, *parts: PrivateRegistry | ChartRepository) -> None:
+    """Every block run; the walk's own parts and the cluster stopped, nothing left on the machine."""
     walk.finish()
-    registry.stop()
-    charts.stop()
-    env.stop()
-    assert env.real_node.leftovers == [], env.real_node.leftovers
+    for part in parts:
+        part.stop()
+    walk.env.stop()
+    assert walk.env.real_node.leftovers == [], walk.env.real_node.leftovers
     publish(walk.summary())
 
 
