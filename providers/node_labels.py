@@ -19,7 +19,7 @@ clique a machine sits in; the GPU operator's per-node progress labels). And what
 whose value differs between two nodes of one group, or changes on one node, cannot tell what a new node
 will carry: ``LabelAgreement`` keeps it out of the group's template from then on. A key a node does not
 carry yet says nothing (a DaemonSet labels a node some time after it joined). Where each fact comes from
-is in docs/kubernetes.md ("Labels that vary").
+is in docs/explanation/kubernetes.md ("Labels that vary").
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ GROUP_LABELS = (
     "k8s.scaleway.com/",  # Kapsule's pool labels on every node (its per-node ones are dropped above)
     "bke.bizflycloud.vn/",  # Bizfly's pool labels (likewise)
 )
-# Labels under a kept prefix that describe one machine or one moment (docs/kubernetes.md, "Labels that vary").
+# Labels under a kept prefix that describe one machine or one moment (docs/reference/kubernetes-features.md, "Labels
+# known to vary").
 VOLATILE_LABELS = frozenset(
     {
         "nvidia.com/gfd.timestamp",  # GPU feature discovery: when it last labelled the node (every minute)

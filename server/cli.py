@@ -101,7 +101,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     offline = " (offline: shape only)" if args.offline else ""
     served: tuple[tuple[str, int], bool] | None = None  # (listen, tls) of a valid --config
     if args.config:
-        result = validate_file(args.config, offline=args.offline)
+        result = validate_file(args.config, offline=args.offline, shell=True)
         if result.config is not None:
             served = (result.config.listen, result.config.tls is not None)
         elif not result.problems and result.shape is not None:
@@ -174,7 +174,7 @@ def cmd_config_from_in_tree(args: argparse.Namespace) -> int:
         print_problems(subject, problems, file=sys.stderr)
         return 1
     cloud_config = Path(args.cloud_config) if args.cloud_config else None
-    conversion = from_in_tree.convert(args.cloud_provider, env, cloud_config, args.layout)
+    conversion = from_in_tree.convert(args.cloud_provider, env, cloud_config, args.layout, env_file=args.env_file)
     result = from_in_tree.check(conversion)
     if result.problems:
         print_problems(subject, result.problems, file=sys.stderr)
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     from_in_tree = config_sub.add_parser(
         "from-in-tree",
         help="print the server config for a CA that runs the in-tree scaleway or bizflycloud provider, checked "
-        "by validate, with the CA flag changes and the Helm values diff (docs/migration.md)",
+        "by validate, with the CA flag changes and the Helm values diff (docs/reference/in-tree-differences.md)",
         formatter_class=DefaultsHelpFormatter,
     )
     from_in_tree.add_argument(

@@ -68,6 +68,11 @@ class Advisor:
     # ------------------------------------------------------------------ per cloud
     def _credentials(self, status: int | None) -> str:
         if self.cloud == "scaleway":
+            if status == 403 and getattr(self.settings, "public", False):
+                return (
+                    f"the permissions of the API key in {self._named('secret_key', False)}; its IAM policy needs "
+                    f"KubernetesFullAccess and InstancesReadOnly on the project of {self._named('cluster_id')}"
+                )
             if status == 403:
                 return (
                     f"the permissions of the API key in {self._named('secret_key', False)}; its IAM policy "

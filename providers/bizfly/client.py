@@ -1,6 +1,6 @@
 """HTTP client for the Bizfly Kubernetes Engine API (the calls upstream's gobizfly makes, made safely).
 
-Calls (docs/bizfly.md, "Endpoints used"), relative to the Kubernetes Engine endpoint:
+Calls (docs/reference/bizfly.md, "Endpoints used"), relative to the Kubernetes Engine endpoint:
 
 * ``GET    /_/{cluster}``                 the cluster with its worker pools (bare object)
 * ``GET    /_/{cluster}/{pool}``          one pool with its nodes (bare object)
@@ -211,7 +211,7 @@ class BizflyClient:
                     extra={"cloud": CLOUD, "region": normalize_region(region), "endpoint_url": service_url},
                 )
                 return service_url.rstrip("/")
-        # Upstream silently falls back to a URL that is not the Kubernetes Engine (docs/bizfly.md, "Regions").
+        # Upstream silently falls back to a URL that is not the Kubernetes Engine (docs/reference/bizfly.md, "Regions").
         raise CloudRequestRejected(
             f"the Bizfly service catalog at {url} has no {KUBERNETES_ENGINE_SERVICE} endpoint for region "
             f"{self.config.region!r} (regions offered: {', '.join(offered) or 'none'}); set region to one of "

@@ -4,7 +4,7 @@ Everything here is plain Python guarded by one lock; HTTP lives in ``api.py``. A
 transitions are evaluated lazily against the simulator clock (``reconcile``) on every read or write, so a
 test that advances a manual clock sees exactly the transitions that are due and nothing else.
 
-Where the real API is not known (docs/bizfly.md, "The simulator") the choices below are the simulator's,
+Where the real API is not known (docs/reference/bizfly.md, "The simulator") the choices below are the simulator's,
 and are stated where they are made.
 """
 
@@ -52,7 +52,7 @@ class StatusVocabulary:
 
     By default the words of the OpenStack Senlin cluster behind each Bizfly worker pool (a pool has an
     ``autoscaling_group_id``; its nodes read "Creation succeeded", Senlin's own reason), from Senlin's
-    node status list and node life cycle (docs/bizfly.md, "Evidence"): ``INIT`` -> ``CREATING`` ->
+    node status list and node life cycle (docs/reference/bizfly.md, "Evidence"): ``INIT`` -> ``CREATING`` ->
     ``ACTIVE``, ``DELETING``, ``ERROR`` with "Failed in creating server: ..." for a failed creation and
     "Check: Node is not ACTIVE." for a failed health check, and ``WARNING``, ``UPDATING``,
     ``RECOVERING``, ``OPERATING`` for a node that exists. Two older vocabularies stay as scenario options:
@@ -109,7 +109,7 @@ VOCABULARIES = {"senlin": SENLIN_VOCABULARY, "provisioning": PROVISIONING_VOCABU
 
 @dataclass(frozen=True)
 class ApiShapes:
-    """How the answers are shaped. The defaults follow the evidence (docs/bizfly.md, "Evidence"); each
+    """How the answers are shaped. The defaults follow the evidence (docs/reference/bizfly.md, "Evidence"); each
     other value is an older shape of this simulator, kept for the test that names it."""
 
     # created_at as the API writes it: naive ISO 8601 with microseconds ("naive"), or with a "Z" ("utc").
@@ -776,7 +776,7 @@ class BizflyState:
 
 
 def k8s_identity(node: Node, pool: Pool) -> dict[str, Any]:
-    """How the Kubernetes Node for a pool node is identified (docs/bizfly.md, "Instances"). The kubelet
+    """How the Kubernetes Node for a pool node is identified (docs/reference/bizfly.md, "Instances"). The kubelet
     registers the host name in lower case; the pool lists the server's name as Senlin made it."""
     return {
         "name": node.name.lower(),

@@ -44,6 +44,8 @@ NODE_STATUSES = (
 # Pool statuses set by hand (tests) that the simulator must not overwrite and that refuse size changes.
 HELD_POOL_STATUSES = frozenset({"locked", "upgrading"})
 GONE_NODE_STATUSES = frozenset({"deleting", "deleted"})
+# A pool's system volume unless the scenario says otherwise (recorded pools: 20 GB to 100 GB).
+DEFAULT_ROOT_VOLUME_SIZE = 20_000_000_000
 REGISTERED_NODE_STATUSES = frozenset({"not_ready", "ready", "rebooting", "upgrading", "locked", "deleting"})
 SCALE_UP_FAILURE_MODES = ("creation_error", "quota", "out_of_stock")
 ERROR_SHAPES = ("recorded", "typed")
@@ -127,7 +129,7 @@ class Timings:
 @dataclass(frozen=True)
 class Behaviour:
     """How the simulated API answers. The defaults follow the public evidence of the real one
-    (docs/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
+    (docs/reference/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
 
     # Cache-Control max-age on list answers; None (the default, as recorded) sends no header.
     cache_max_age: int | None = None
@@ -245,6 +247,11 @@ class Pool:
     taints: dict[str, str]  # the autoscaler endpoint's map form: key -> "value:Effect" or "Effect"
     created_at: float
     updated_at: float
+    # Public pool fields: the owner's tags (copied onto every server of the pool, and so node labels and
+    # taints), the root volume in bytes, and the kubelet arguments (``maxPods``, ...).
+    tags: list[str] = field(default_factory=list)
+    root_volume_size: int = DEFAULT_ROOT_VOLUME_SIZE
+    kubelet_args: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)  # insertion ordered
     pending_failures: deque[tuple[str, int | None]] = field(default_factory=deque)
     settle_until: float | None = None  # after a size decrease: reads "scaling" until then
@@ -371,6 +378,9 @@ class ScalewayState:
         taints: dict[str, str] | None = None,
         nodes: int | list[dict[str, Any]] | None = None,
         default_labels: bool = False,
+        tags: list[str] | None = None,
+        root_volume_size: int = DEFAULT_ROOT_VOLUME_SIZE,
+        kubelet_args: dict[str, str] | None = None,
     ) -> Pool:
         """Add a pool; ``nodes`` is a count of ready nodes, a list of node specs, or None for ``size`` ready.
 
@@ -440,6 +450,9 @@ class ScalewayState:
                 taints=dict(taints or {}),
                 created_at=now,
                 updated_at=now,
+                tags=list(tags or []),
+                root_volume_size=root_volume_size,
+                kubelet_args=dict(kubelet_args or {}),
             )
             self.pools[pool.id] = pool
             cluster.pools[pool.id] = pool
@@ -593,7 +606,9 @@ class ScalewayState:
             self._check_held(pool)
             if size < 0:
                 raise InvalidArguments(ArgumentProblem("size", "constraint", "size must be greater or equal to 0"))
-            if self.behaviour.enforce_size_bounds and not pool.min_size <= size <= pool.max_size:
+            # min_size and max_size bound a pool only while its autoscaling is on (the SDK's field docs).
+            bounded = self.behaviour.enforce_size_bounds and pool.autoscaling
+            if bounded and not pool.min_size <= size <= pool.max_size:
                 raise InvalidArguments(
                     ArgumentProblem(
                         "size",
@@ -828,6 +843,7 @@ class ScalewayState:
             "name",
             "size",
             "status",
+            "tags",
         }
         unknown = sorted(set(changes) - editable)
         if unknown:
@@ -922,6 +938,7 @@ class ScalewayState:
                 region=self.clusters[pool.cluster_id].region,
                 zone=pool.zone,
                 pool_labels=pool.labels,
+                pool_tags=pool.tags,
             )
 
     def snapshot(self) -> dict[str, Any]:
@@ -932,6 +949,6 @@ class ScalewayState:
                 "timings": asdict(self.timings),
                 "behaviour": asdict(self.behaviour),
                 "clusters": [cluster.to_dict() for cluster in self.clusters.values()],
-                "pools": [pool.to_api() for pool in self.pools.values()],
+                "pools": [{**pool.to_api(), "tags": list(pool.tags)} for pool in self.pools.values()],
                 "nodes": [node.to_api() for node in self.nodes.values()],
             }

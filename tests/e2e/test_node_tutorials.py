@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +51,12 @@ POOL = "autoscaled"
 #: the reader's pool starts empty here (tests/e2e/node_cluster.py: an untainted pool must), min 0, max 3
 LAYOUTS = {
     "scaleway": Layout(scaleway_pools=[scaleway_pool(POOL, "DEV1-M", 0, 0, 3)]),
+    # the self-managed mode: Kapsule's autoscaling off on the pool, its bounds in our config (the page's)
+    "scaleway-public": Layout(scaleway_pools=[scaleway_pool(POOL, "DEV1-M", 0, 0, 0, autoscaling=False)]),
     "bizfly": Layout(bizfly_pools=[bizfly_pool(POOL, "nix.2c_4g", 0, 0, 3)]),
 }
+#: the Kapsule tutorial's two modes: the section whose block writes values.yaml for each
+KAPSULE_MODES = {"public": "### Self-managed", "private": "### Private endpoints"}
 SERVER_REPOSITORY = "ca-tutorial/ca-externalgrpc-server"
 #: the migrated release's pods: the chart names them after the cloud provider (no nameOverride)
 RELEASE_SELECTOR = "app.kubernetes.io/instance=cluster-autoscaler"
@@ -130,9 +134,11 @@ def restart_and_wait(walk: Walk) -> None:
 @pytest.mark.e2e
 @pytest.mark.node
 @pytest.mark.timeout(900)
-def test_the_kapsule_tutorial_on_a_real_node(start_node: Any) -> None:
+@pytest.mark.parametrize("mode", KAPSULE_MODES)
+def test_the_kapsule_tutorial_on_a_real_node(start_node: Any, mode: str) -> None:
     tutorial = Tutorial(TUTORIALS / "kapsule.md")
-    env: NodeEnvironment = start_node(LAYOUTS["scaleway"], untainted=[POOL])
+    layout = LAYOUTS["scaleway-public" if mode == "public" else "scaleway"]
+    env: NodeEnvironment = start_node(layout, untainted=[POOL])
     registry = PrivateRegistry(env, "nologin", env.scw.secret_key)
     charts = ChartRepository(env)
     values = {
@@ -149,6 +155,9 @@ def test_the_kapsule_tutorial_on_a_real_node(start_node: Any) -> None:
     walk.run(tutorial.block("## 3."))
     add_the_way_to_the_cloud(env, "scaleway")
 
+    walk.label += f" ({mode} mode)"
+    (values_yaml,) = tutorial.blocks(KAPSULE_MODES[mode])
+    walk.run(values_yaml)
     version = walk.run(tutorial.block("## 5."))
     assert "Server Version: v1.36." in version and values["CA_VERSION"].startswith("v1.36."), version
 
@@ -174,7 +183,8 @@ def test_the_kapsule_tutorial_on_a_real_node(start_node: Any) -> None:
     check_status(walk, status, "scaleway")
     walk.run_inline("helm -n kube-system uninstall cluster-autoscaler")
     env.wait_for(lambda: not env.pods(CA_SELECTOR), 120, "the CA's pod gone")
-    end_walk(walk, registry, charts)
+    other = [b for m, heading in KAPSULE_MODES.items() if m != mode for b in tutorial.blocks(heading)]
+    end_walk(walk, registry, charts, elsewhere=other)
 
 
 @pytest.mark.e2e
@@ -300,6 +310,16 @@ def test_the_migration_tutorial_on_a_real_node(start_node: Any) -> None:
     shown = walk.run(convert)
     assert "--cloud-provider=scaleway  ->  --cloud-provider=externalgrpc" in shown, shown
     assert not (walk.cwd / "credentials.env").exists()
+    # The kustomize variant's Secret, from the same keys: step 3's first command again, then the one the
+    # page names for it (the helm path does not use that Secret; the command is checked all the same).
+    reread = commands(convert)[0]
+    assert reread.endswith("> credentials.env"), reread
+    checked(tutorial.run(reread, values, cwd=walk.cwd, env=walk.shell_env), reread)
+    walk.run_inline(
+        "kubectl -n kube-system create secret generic ca-externalgrpc-credentials --from-env-file=credentials.env"
+    )
+    (walk.cwd / "credentials.env").unlink()
+    assert "CLUSTER_ID" in env.kubectl("-n", NAMESPACE, "get", "secret", "ca-externalgrpc-credentials", "-o", "yaml")
     walk.run(patch)
 
     walk.run(tutorial.block("## 4."))
@@ -321,9 +341,10 @@ def test_the_migration_tutorial_on_a_real_node(start_node: Any) -> None:
     end_walk(walk, registry, charts)
 
 
-def end_walk(walk: Walk, *parts: PrivateRegistry | ChartRepository) -> None:
-    """Every block run; the walk's own parts and the cluster stopped, nothing left on the machine."""
-    walk.finish()
+def end_walk(walk: Walk, *parts: PrivateRegistry | ChartRepository, elsewhere: Sequence[str] = ()) -> None:
+    """Every block run (but ``elsewhere``'s, Walk.finish); the walk's parts and the cluster stopped, nothing
+    left on the machine."""
+    walk.finish(elsewhere)
     for part in parts:
         part.stop()
     walk.env.stop()

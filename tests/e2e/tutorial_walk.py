@@ -35,7 +35,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,7 @@ class Walk:
         # the blocks run, as the page has them: the values block runs before every other one
         self.ran: list[str] = [tutorial.block(VALUES_HEADING)]
         self.inline: list[str] = []  # the inline commands run
+        self.label = tutorial.path.name  # for the run's summary
         self.took: dict[str, float] = {}  # seconds, per section of the page
         self.started = time.monotonic()
 
@@ -172,10 +173,11 @@ class Walk:
     def summary(self) -> str:
         """One line for the run's summary: the seconds of each section, and of the whole walk."""
         sections = "; ".join(f"{heading} {seconds:.1f} s" for heading, seconds in self.took.items())
-        return f"{self.tutorial.path.name} walked in {time.monotonic() - self.started:.0f} s: {sections}"
+        return f"{self.label} walked in {time.monotonic() - self.started:.0f} s: {sections}"
 
-    def finish(self) -> None:
-        missed = [b.strip() for b in self.tutorial.all_blocks() if b not in self.ran]
+    def finish(self, elsewhere: Sequence[str] = ()) -> None:
+        """``elsewhere``: blocks of a choice the page offers, which another walk of the page takes."""
+        missed = [b.strip() for b in self.tutorial.all_blocks() if b not in self.ran and b not in elsewhere]
         assert not missed, f"{self.tutorial.path.name}: blocks no walk ran: {missed}"
         unrun = self.tutorial.inline_commands() - set(self.inline)
         assert not unrun, f"{self.tutorial.path.name}: inline commands no walk ran: {sorted(unrun)}"

@@ -39,8 +39,9 @@ from tests.support.docpages import Tutorial, blocks, checked, commands, plain_bl
 from tests.support.gobuild import BinaryNotBuilt, binary_path
 
 README = REPO_ROOT / "README.md"
-OPERATIONS = REPO_ROOT / "docs" / "operations.md"
-MIGRATION = REPO_ROOT / "docs" / "migration.md"
+CONFIGURE = REPO_ROOT / "docs" / "how-to" / "configure.md"
+TROUBLESHOOTING = REPO_ROOT / "docs" / "how-to" / "troubleshooting.md"
+MIGRATION = REPO_ROOT / "docs" / "reference" / "in-tree-differences.md"
 DEMO_ADDRESS = "127.0.0.1:8086"  # what the docs write; the tests serve on a free port instead
 
 
@@ -160,9 +161,9 @@ def test_readme_validate_offline_of_the_minimal_config_prints_what_the_readme_sh
     assert done.stdout.splitlines() == shown
 
 
-# ---------------------------------------------------------------------------------------------- operations.md
-def test_operations_validate_output_is_what_validate_prints(tmp_path: Path) -> None:
-    shown = plain_block(OPERATIONS, "it exits 1 and prints one line per problem:")
+# ----------------------------------------------------------------------- how-to/configure.md, how-to/troubleshooting.md
+def test_configure_validate_output_is_what_validate_prints(tmp_path: Path) -> None:
+    shown = plain_block(CONFIGURE, "it exits 1 and prints one line per problem:")
     # A config with the two mistakes the example names: a bare duration, and SCW_REGION=Paris.
     (tmp_path / "config.yaml").write_text(
         "shutdown_grace: 15\nbackends:\n  - type: scaleway\n"
@@ -173,8 +174,8 @@ def test_operations_validate_output_is_what_validate_prints(tmp_path: Path) -> N
     assert done.stdout.splitlines() == shown
 
 
-def test_operations_status_output_with_a_wrong_secret_key_is_what_status_prints(tmp_path: Path) -> None:
-    text = OPERATIONS.read_text().split("With a wrong secret key it prints", 1)[1]
+def test_troubleshooting_status_output_with_a_wrong_secret_key_is_what_status_prints(tmp_path: Path) -> None:
+    text = TROUBLESHOOTING.read_text().split("With a wrong secret key it prints", 1)[1]
     shown = [line.removeprefix("  ") for line in text.split("  ```\n", 1)[1].split("  ```", 1)[0].splitlines()]
     with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
         backend = scaleway_backend(sim, secret_key_env="SCW_SECRET_KEY")
@@ -189,7 +190,7 @@ def test_operations_status_output_with_a_wrong_secret_key_is_what_status_prints(
     assert done.stdout.splitlines() == shown
 
 
-# ---------------------------------------------------------------------------------------------- migration.md
+# ---------------------------------------------------------------------------- reference/in-tree-differences.md
 def test_migration_problem_example_is_what_from_in_tree_prints(tmp_path: Path) -> None:
     shown = plain_block(MIGRATION, "environment with `BIZFLYCLOUD_AUTH_METHOD=password`")
     (tmp_path / "credentials.env").write_text(
@@ -207,6 +208,8 @@ TUTORIALS = REPO_ROOT / "docs" / "tutorials"
 KAPSULE = Tutorial(TUTORIALS / "kapsule.md")
 BIZFLY = Tutorial(TUTORIALS / "bizfly.md")
 MIGRATE = Tutorial(TUTORIALS / "migrate-from-in-tree.md")
+#: the Kapsule tutorial's two modes: the section of each one's values.yaml
+KAPSULE_MODES = {"public": "### Self-managed", "private": "### Private endpoints"}
 #: where a reader of the README leaves it for a tutorial (its "Start here" list), and where a tutorial
 #: has shown them the CA scaling a pool
 README_START_HERE = "## Why not the in-tree providers"
@@ -262,22 +265,35 @@ def sidecar_and_ca(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str
     return pod, sidecar, ca
 
 
+@pytest.mark.parametrize("mode", ["public", "private"])
 def test_the_kapsule_tutorials_install_applies_the_pushed_image_the_pull_secret_and_the_ca_release(
-    checkout: Path,
+    checkout: Path, mode: str
 ) -> None:
     values = {**KAPSULE.values(), "REGISTRY": REGISTRY, "CA_VERSION": "v1.35.2", "SCW_SECRET_KEY": "s"}
+    (values_yaml,) = KAPSULE.blocks(KAPSULE_MODES[mode])
     install = commands(KAPSULE.block("## 6."))
     assert install[0] == "helm repo add autoscaler https://kubernetes.github.io/autoscaler"
-    (sed,) = [c for c in install if c.startswith("sed ")]
     (helm,) = [c for c in install if c.startswith("helm install")]
     upgrade = commands(KAPSULE.block("## Upgrade", "helm -n kube-system upgrade"))[0]
     for command in (helm, upgrade):
-        done = KAPSULE.run(f"{sed}\n{helm_template(command)}", values, cwd=checkout)
-        pod, sidecar, ca = sidecar_and_ca(list(yaml.safe_load_all(checked(done, command))))
+        done = KAPSULE.run(f"{values_yaml}\n{helm_template(command)}", values, cwd=checkout)
+        docs = list(yaml.safe_load_all(checked(done, command)))
+        pod, sidecar, ca = sidecar_and_ca(docs)
         assert sidecar["image"] == f"{REGISTRY}/ca-externalgrpc-server:{VERSION}"
         assert pod["imagePullSecrets"] == [{"name": "ca-externalgrpc-pull"}]
         assert ca["image"] == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.2"
         assert "--cloud-provider=externalgrpc" in ca["command"]
+        (config,) = [
+            d
+            for d in docs
+            if d
+            and d["kind"] == "ConfigMap"
+            and d["metadata"]["name"].endswith("-config")
+            and "config.yaml" in d["data"]
+        ]
+        (backend,) = yaml.safe_load(config["data"]["config.yaml"])["backends"]
+        expected = {"mode": "public", "pools": {values["POOL"]: {"min_size": 0, "max_size": 3}}}
+        assert backend["scaleway"] == (expected if mode == "public" else {}), backend
 
 
 def test_the_bizfly_tutorials_overlay_applies_the_pushed_image_the_pull_secret_and_the_ca_release(

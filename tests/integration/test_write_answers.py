@@ -1,8 +1,9 @@
 """A write the cloud accepted is done: a 2xx answer to a size change or a node deletion, whatever its body.
 
-No public client of either cloud reads the bodies of these answers (docs/scaleway.md and docs/bizfly.md,
-"Evidence"), so nothing says they are JSON. Each simulator applies the write and then answers 2xx with an
-empty body, a body that is not JSON, or JSON cut short (``Fault(apply=True, ...)``); the server, over
+No public client of either cloud reads the bodies of these answers (docs/reference/scaleway.md and
+docs/reference/bizfly.md, "Evidence"), so nothing says they are JSON. Each simulator applies the write and
+then answers 2xx with an empty body, a body that is not JSON, or JSON cut short (``Fault(apply=True, ...)``);
+the server, over
 gRPC as the CA calls it, must answer OK, change the cloud exactly once and keep no unknown outcome. Before
 this, the last two were a "malformed answer": UNAVAILABLE, and the CA counted a failed scale-up for a
 change the cloud had made.

@@ -1,6 +1,6 @@
 """The Bizfly Cloud Kubernetes Engine simulator, spoken to over HTTP on 127.0.0.1 like the real API.
 
-Facts asserted here are those of docs/bizfly.md ("Authentication", "Endpoints used", "The simulator").
+Facts asserted here are those of docs/reference/bizfly.md ("Authentication", "Endpoints used", "The simulator").
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ def sim(manual_clock: ManualClock) -> Iterator[ScalewaySimulator]:
 
 
 class Api:
-    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/scaleway.md, "Endpoints used")."""
+    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/reference/scaleway.md, "Endpoints
+    used")."""
 
     def __init__(self, sim: ScalewaySimulator, session: requests.Session, token: str = SECRET) -> None:
         self.base = f"{sim.url}/k8s/v1/regions/{REGION}/autoscaler"
@@ -853,7 +854,7 @@ def test_standalone_module_serves_until_sigterm(tmp_path: Path) -> None:
             process.wait()
 
 
-# -- optional public endpoints -------------------------------------------------------------------------
+# -- the public endpoints (the server's public mode) --------------------------------------------------
 
 
 def public(sim: ScalewaySimulator, path: str) -> str:
@@ -907,13 +908,50 @@ def test_public_delete_node_accepts_skip_drain(sim: ScalewaySimulator, http: req
     assert sim.pool(pool.id).size == 1
 
 
-def test_instance_product_list_describes_node_types(sim: ScalewaySimulator, http: requests.Session) -> None:
-    response = http.get(f"{sim.url}/instance/v1/zones/fr-par-1/products/servers", headers={"X-Auth-Token": SECRET})
-    servers = response.json()["servers"]
-    assert servers["DEV1-M"]["ncpus"] == 3
-    assert servers["L4-1-24G"]["gpu"] == 1
-    assert response.json()["total_count"] == len(servers)
-    assert http.get(f"{sim.url}/instance/v1/zones/fr-par-1/products/servers").status_code == 401
+def test_instance_product_list_is_paged_as_recorded(sim: ScalewaySimulator, http: requests.Session) -> None:
+    url = f"{sim.url}/instance/v1/zones/fr-par-1/products/servers"
+    headers = {"X-Auth-Token": SECRET}
+    everything = http.get(url, params={"per_page": 100}, headers=headers)
+    servers = everything.json()["servers"]
+    assert (servers["DEV1-M"]["ncpus"], servers["DEV1-M"]["ram"], servers["DEV1-M"]["arch"]) == (
+        3,
+        4 * 1024**3,
+        "x86_64",
+    )
+    assert servers["L4-1-24G"]["gpu"] == 1 and servers["COPARM1-4C-16G"]["arch"] == "arm64"
+    # Recorded: the count in X-Total-Count, none in the body; pages linked; 50 a page unless asked.
+    assert "total_count" not in everything.json()
+    assert everything.headers["X-Total-Count"] == str(len(servers))
+    first = http.get(url, params={"per_page": 5}, headers=headers)
+    second = http.get(url, params={"per_page": 5, "page": 2}, headers=headers)
+    assert len(first.json()["servers"]) == 5 and not set(first.json()["servers"]) & set(second.json()["servers"])
+    assert 'rel="next"' in first.headers["Link"] and 'rel="previous"' in second.headers["Link"]
+    assert http.get(url, params={"per_page": 101}, headers=headers).status_code == 400
+    assert http.get(f"{sim.url}/instance/v1/zones/xx-nowhere-1/products/servers", headers=headers).status_code == 404
+    assert http.get(url).status_code == 401
+
+
+def test_public_pools_carry_tags_root_volume_and_kubelet_args(sim: ScalewaySimulator, http: requests.Session) -> None:
+    tags = ["workload=batch", "taint=noprefix=dedicated=batch:NoSchedule"]
+    created = sim.add_pool(
+        "tagged", size=1, max_size=2, tags=tags, root_volume_size=50_000_000_000, kubelet_args={"maxPods": "60"}
+    )
+    pool = http.get(public(sim, f"/pools/{created.id}"), headers={"X-Auth-Token": SECRET}).json()
+    assert (pool["tags"], pool["root_volume_size"], pool["kubelet_args"]) == (tags, 50_000_000_000, {"maxPods": "60"})
+    # Kapsule copies the tags onto the pool's servers, and its nodes get their labels (docs/tags.md of the CCM).
+    (ref,) = [r for r in sim.node_refs() if r["pool_id"] == created.id]
+    assert ref["labels"]["k8s.scaleway.com/workload"] == "batch"
+    assert "dedicated" not in ref["labels"]
+
+
+def test_size_bounds_hold_only_while_the_pools_autoscaling_is_on(
+    sim: ScalewaySimulator, http: requests.Session
+) -> None:
+    headers = {"X-Auth-Token": SECRET}
+    fixed = sim.add_pool("fixed", size=1, min_size=1, max_size=1, autoscaling=False)
+    assert http.patch(public(sim, f"/pools/{fixed.id}"), json={"size": 3}, headers=headers).status_code == 200
+    scaled = sim.add_pool("scaled", size=1, min_size=1, max_size=1)
+    assert http.patch(public(sim, f"/pools/{scaled.id}"), json={"size": 3}, headers=headers).status_code == 400
 
 
 def test_node_refs_list_registered_nodes_with_pool_labels(

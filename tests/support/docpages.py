@@ -63,11 +63,14 @@ def words(text: str) -> int:
 
 
 def section(doc: Path, heading: str) -> str:
-    """The text of the ``## `` section of ``doc`` whose heading starts with ``heading``, up to the next one."""
+    """The text of the section of ``doc`` whose heading (``## `` or ``### ``...) starts with ``heading``,
+    up to the next heading of its level or above."""
     text = doc.read_text()
     start = text.index("\n" + heading) + 1
-    end = text.find("\n## ", start)
-    return text[start : end if end >= 0 else len(text)]
+    level = len(heading) - len(heading.lstrip("#"))
+    following = re.compile(rf"(?m)^#{{1,{level}}} ")
+    end = following.search(text, text.index("\n", start))
+    return text[start : end.start() if end else len(text)]
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ class Tutorial:
 
     def inline_commands(self) -> set[str]:
         """The ``kubectl`` and ``helm`` commands the page's text shows inline (not a bare tool or flag)."""
-        spans = re.findall(r"`((?:kubectl|helm) [^`]+)`", self.path.read_text())
-        return {s for s in spans if len(s.split()) >= 3 and not s.split()[-1].startswith("-")}
+        prose = re.sub(r"(?ms)^```.*?^```", "", self.path.read_text())
+        spans = re.findall(r"`((?:kubectl|helm) [^`]+)`", prose)
+        return {s for s in spans if len(s.split()) >= 3 and not re.fullmatch(r"-{1,2}[\w-]+", s.split()[-1])}
 
     def heading_of(self, block: str) -> str:
         """The ``## `` heading of the section that holds ``block``."""

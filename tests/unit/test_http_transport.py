@@ -437,7 +437,7 @@ def test_a_readable_write_answer_is_still_returned(server, sleeps):
 
 
 def test_a_429_says_the_rate_limiter_refused(server, sleeps):
-    # Scaleway's gateway: no body, no Content-Type, no Retry-After (docs/scaleway.md, "Evidence").
+    # Scaleway's gateway: no body, no Content-Type, no Retry-After (docs/reference/scaleway.md, "Evidence").
     server.answer(Scripted(status=429, headers={"X-Envoy-Ratelimited": "true"}))
     transport = make(server, sleeps, retry=RetryPolicy(attempts=2, base_delay=0.2))
     with pytest.raises(CloudUnavailable, match=r"answered 429; the cloud's rate limiter refused it"):
