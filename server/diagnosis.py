@@ -21,19 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from providers.backend import Diagnosis
-from providers.errors import CloudAuthFailed, CloudRequestRejected
+from providers.errors import CloudAuthFailed, CloudRequestRejected, http_status
 
 KINDS = ("credentials", "not_found", "rejected", "unreachable")
-
-
-def _status(err: BaseException) -> int | None:
-    if isinstance(err, CloudRequestRejected) and err.status is not None:
-        return err.status
-    text = str(err)
-    for code in (401, 403, 404):
-        if f"answered {code}" in text:
-            return code
-    return None
 
 
 class Advisor:
@@ -56,7 +46,7 @@ class Advisor:
         return not self.origins.get(key, "(not set").endswith("(not set: the default)")
 
     def diagnose(self, err: BaseException) -> Diagnosis:
-        status = _status(err)
+        status = http_status(err)
         if isinstance(err, CloudAuthFailed):
             return Diagnosis("credentials", self._credentials(status))
         if isinstance(err, CloudRequestRejected):

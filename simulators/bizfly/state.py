@@ -255,6 +255,7 @@ class Cluster:
     created_by: str
     private_network_id: str
     project_id: str
+    region: str = ""  # "" for the catalog's own region; else the catalog's spelling of another region
     pools: dict[str, Pool] = field(default_factory=dict)  # insertion order is API order
 
     def to_json(self, now: float, shapes: ApiShapes) -> dict[str, Any]:
@@ -421,6 +422,7 @@ class BizflyState:
         kubernetes_version: str = "1.30.4",
         created_by: str = "user@example.com",
         project_id: str | None = None,
+        region: str = "",
     ) -> Cluster:
         with self._lock:
             cluster = Cluster(
@@ -431,6 +433,7 @@ class BizflyState:
                 created_by=created_by,
                 private_network_id=self._ids.uuid(),
                 project_id=project_id or self.default_project,
+                region=region,
             )
             if cluster.uid in self._clusters:
                 raise ValueError(f"duplicate cluster uid {cluster.uid!r}")
@@ -515,13 +518,23 @@ class BizflyState:
         )
 
     # ----- reads ----------------------------------------------------------------------------------------
-    def list_clusters_json(self, project_id: str | None = None) -> list[dict[str, Any]]:
-        """The clusters of ``project_id`` (every project's when None)."""
+    def cluster_region(self, cluster_uid: str) -> str | None:
+        """The region a cluster was put in ("" for the catalog's own), None for an unknown cluster."""
+        with self._lock:
+            cluster = self._clusters.get(cluster_uid)
+            return None if cluster is None else cluster.region
+
+    def list_clusters_json(
+        self, project_id: str | None = None, in_region: Callable[[str], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """The clusters of ``project_id`` (every project's when None) whose region ``in_region`` accepts."""
         with self._lock:
             self.reconcile()
             result = []
             for cluster in self._clusters.values():
                 if project_id is not None and cluster.project_id != project_id:
+                    continue
+                if in_region is not None and not in_region(cluster.region):
                     continue
                 body = cluster.to_json(self._now(), self.shapes)
                 del body["worker_pools"]  # the cluster list carries no pools

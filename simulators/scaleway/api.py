@@ -99,6 +99,11 @@ def authentication_denied(reason: str = "invalid_argument") -> dict[str, Any]:
     }
 
 
+def permissions_denied() -> dict[str, Any]:
+    """The IAM refusal as recorded (403; ``details`` is empty or names a resource and an action)."""
+    return {"details": [], "message": "insufficient permissions", "type": "permissions_denied"}
+
+
 def rate_limit_headers(remaining: int, reset_in: float) -> dict[str, str]:
     # Scaleway's Go SDK reads these next to Retry-After on a 429.
     return {"X-Ratelimit-Remaining": str(remaining), "X-Ratelimit-Reset": str(max(1, int(reset_in + 0.999)))}
@@ -168,10 +173,27 @@ class ScalewayApi:
         self.secret_key = secret_key
 
     def register(self, server: JsonApiServer) -> None:
-        server.route("GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_LIST_POOLS, self.list_pools)
-        server.route("PATCH", AUTOSCALER_PREFIX + "/pools/{pool_id}", ROUTE_UPDATE_POOL, self.update_pool)
-        server.route("GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/nodes", ROUTE_LIST_NODES, self.list_nodes)
-        server.route("DELETE", AUTOSCALER_PREFIX + "/nodes/{node_id}", ROUTE_DELETE_NODE, self.delete_node)
+        private = self.private
+        server.route(
+            "GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_LIST_POOLS, private(self.list_pools)
+        )
+        server.route("PATCH", AUTOSCALER_PREFIX + "/pools/{pool_id}", ROUTE_UPDATE_POOL, private(self.update_pool))
+        server.route(
+            "GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/nodes", ROUTE_LIST_NODES, private(self.list_nodes)
+        )
+        server.route("DELETE", AUTOSCALER_PREFIX + "/nodes/{node_id}", ROUTE_DELETE_NODE, private(self.delete_node))
+
+    def private(self, handler: Callable[[SimRequest], SimResponse]) -> Callable[[SimRequest], SimResponse]:
+        """An autoscaler route: the key is checked first (401), then ``Behaviour.private_endpoints`` decides
+        whether the private endpoints serve an accepted key or refuse it with Scaleway's recorded IAM 403."""
+
+        def serve(request: SimRequest) -> SimResponse:
+            self.authenticate(request)
+            if self.state.behaviour.private_endpoints == "refused":
+                raise SimError(403, "insufficient permissions", body=permissions_denied())
+            return handler(request)
+
+        return serve
 
     # -- common checks ------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from simulators.scaleway.catalog import NODE_TYPES
 from simulators.scaleway.state import (
     HELD_POOL_STATUSES,
     ArgumentProblem,
+    Cluster,
     InvalidArguments,
     Node,
     NotFound,
@@ -26,6 +27,7 @@ from simulators.scaleway.state import (
 )
 
 PUBLIC_PREFIX = "/k8s/v1/regions/{region}"
+ROUTE_PUBLIC_GET_CLUSTER = "public_get_cluster"
 ROUTE_PUBLIC_LIST_POOLS = "public_list_pools"
 ROUTE_PUBLIC_GET_POOL = "public_get_pool"
 ROUTE_PUBLIC_UPDATE_POOL = "public_update_pool"
@@ -78,6 +80,34 @@ def public_pool(pool: Pool, region: str) -> dict[str, Any]:
     }
 
 
+def public_cluster(cluster: Cluster) -> dict[str, Any]:
+    """The cluster as the public API answers a GET: the recorded fields this simulator has values for."""
+    versions = sorted({pool.version for pool in cluster.pools.values()})
+    return {
+        "region": cluster.region,
+        "id": cluster.id,
+        "type": "kapsule",
+        "name": cluster.name,
+        "description": "",
+        "status": "ready",
+        "version": versions[-1] if versions else "",
+        "cni": "cilium",
+        "tags": [],
+        "autoscaler_config": {
+            "scale_down_disabled": False,
+            "scale_down_delay_after_add": "10m",
+            "estimator": "binpacking",
+            "expander": "random",
+            "ignore_daemonsets_utilization": False,
+            "balance_similar_node_groups": False,
+            "expendable_pods_priority_cutoff": 0,
+            "scale_down_unneeded_time": "10m",
+            "scale_down_utilization_threshold": 0.5,
+            "max_graceful_termination_sec": 0,
+        },
+    }
+
+
 def public_node(node: Node, region: str) -> dict[str, Any]:
     return {
         "id": node.id,
@@ -102,6 +132,7 @@ class ScalewayPublicApi:
         self.api = api
 
     def register(self, server: JsonApiServer) -> None:
+        server.route("GET", PUBLIC_PREFIX + "/clusters/{cluster_id}", ROUTE_PUBLIC_GET_CLUSTER, self.get_cluster)
         server.route("GET", PUBLIC_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_PUBLIC_LIST_POOLS, self.list_pools)
         server.route("GET", PUBLIC_PREFIX + "/pools/{pool_id}", ROUTE_PUBLIC_GET_POOL, self.get_pool)
         server.route("PATCH", PUBLIC_PREFIX + "/pools/{pool_id}", ROUTE_PUBLIC_UPDATE_POOL, self.update_pool)
@@ -109,6 +140,15 @@ class ScalewayPublicApi:
         server.route("GET", PUBLIC_PREFIX + "/nodes/{node_id}", ROUTE_PUBLIC_GET_NODE, self.get_node)
         server.route("DELETE", PUBLIC_PREFIX + "/nodes/{node_id}", ROUTE_PUBLIC_DELETE_NODE, self.delete_node)
         server.route("GET", "/instance/v1/zones/{zone}/products/servers", ROUTE_LIST_SERVER_TYPES, self.server_types)
+
+    def get_cluster(self, request: SimRequest) -> SimResponse:
+        region = request.params["region"]
+
+        def run() -> SimResponse:
+            with self.state.lock:
+                return SimResponse(200, public_cluster(self.state.cluster_in(region, request.params["cluster_id"])))
+
+        return self.api.guarded(request, run)
 
     def list_pools(self, request: SimRequest) -> SimResponse:
         region = request.params["region"]

@@ -51,6 +51,10 @@ SCALE_UP_FAILURE_MODES = ("creation_error", "quota", "out_of_stock")
 ERROR_SHAPES = ("recorded", "typed")
 TRANSIENT_POOL_WRITES = ("conflict", "accept")
 NODE_TYPE_SPELLINGS = ("api", "as_given")
+PRIVATE_ENDPOINTS = ("open", "refused")
+# Every region the Scaleway SDK knows (scaleway-sdk-go scw.AllRegions): the API serves them whether or not a
+# cluster of the scenario is there, so a cluster asked for in the wrong one is a 404 naming the cluster.
+KAPSULE_REGIONS = ("fr-par", "nl-ams", "pl-waw", "it-mil")
 
 
 # -- errors (the API layer maps each to the matching Scaleway error body) ---------------------------
@@ -152,6 +156,10 @@ class Behaviour:
     # True: a pool reads "scaling" until its removed nodes are gone (our earlier model); False (as recorded):
     # "ready" once Timings.scale_down_settle has passed, while the removed nodes are still "deleting".
     pool_scaling_while_deleting: bool = False
+    # What the private autoscaler endpoints answer an accepted key: "open" (they serve it) or "refused" (403
+    # permissions_denied, as the IAM refusals recorded on other products). Nothing public says which an ordinary
+    # IAM key gets from outside Kapsule's managed control plane (docs/reference/scaleway.md, "Evidence").
+    private_endpoints: str = "open"
 
     def __post_init__(self) -> None:
         if self.repeated_delete not in ("idempotent", "conflict"):
@@ -162,6 +170,7 @@ class Behaviour:
             ("error_shapes", ERROR_SHAPES),
             ("transient_pool_writes", TRANSIENT_POOL_WRITES),
             ("node_type_spelling", NODE_TYPE_SPELLINGS),
+            ("private_endpoints", PRIVATE_ENDPOINTS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
@@ -555,9 +564,17 @@ class ScalewayState:
 
     def known_region(self, region: str) -> bool:
         with self.lock:
-            return region == self.default_region or any(c.region == region for c in self.clusters.values())
+            return (
+                region in KAPSULE_REGIONS
+                or region == self.default_region
+                or any(c.region == region for c in self.clusters.values())
+            )
 
     # -- region-checked views for the HTTP layer (callers hold ``lock`` while they serialise) ----------
+
+    def cluster_in(self, region: str, cluster_id: str) -> Cluster:
+        with self.lock:
+            return self._cluster(cluster_id, region)
 
     def cluster_pools(self, region: str, cluster_id: str) -> list[Pool]:
         with self.lock:

@@ -261,6 +261,20 @@ def test_catalog_lists_other_regions_first_at_urls_that_do_not_serve_this_cluste
     assert decoy.status_code == 404
 
 
+def test_another_regions_engine_holds_the_clusters_a_scenario_puts_there(
+    manual_clock: ManualClock, http: requests.Session
+) -> None:
+    cluster = {"uid": "kecluster0000hcm", "name": "south", "region": "HCM", "pools": []}
+    with BizflySimulator(scenario(clusters=[*scenario()["clusters"], cluster]), clock=manual_clock) as sim:
+        headers = auth(login(http, sim))
+        south, home = (entry["service_url"] for entry in kubernetes_entries(http, sim))
+        assert http.get(f"{south}/_/kecluster0000hcm", headers=headers).json()["name"] == "south"
+        assert http.get(f"{home}/_/kecluster0000hcm", headers=headers).status_code == 404
+        assert [c["uid"] for c in http.get(f"{south}/_/", headers=headers).json()["clusters"]] == ["kecluster0000hcm"]
+        assert [c["uid"] for c in http.get(f"{home}/_/", headers=headers).json()["clusters"]] == [CLUSTER]
+        assert http.get(f"{sim.url}/nowhere/api/kubernetes-engine/_/", headers=headers).status_code == 404
+
+
 @pytest.mark.parametrize("spelling", ["HN", "hn", "HaNoi"])
 def test_catalog_region_spelling_is_configurable(
     manual_clock: ManualClock, http: requests.Session, spelling: str

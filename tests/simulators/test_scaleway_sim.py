@@ -127,10 +127,55 @@ def test_unknown_pool_and_node_are_404_naming_the_resource(api: Api) -> None:
 
 
 def test_unknown_region_is_404(sim: ScalewaySimulator, http: requests.Session) -> None:
-    url = f"{sim.url}/k8s/v1/regions/nl-ams/autoscaler/clusters/{sim.cluster_id}/pools"
+    url = f"{sim.url}/k8s/v1/regions/fr-nowhere/autoscaler/clusters/{sim.cluster_id}/pools"
     response = http.get(url, headers={"X-Auth-Token": SECRET})
     assert response.status_code == 404
     assert response.json()["type"] == "not_found"
+    assert response.json()["resource"] == "region"
+
+
+@pytest.mark.parametrize("region", ["nl-ams", "pl-waw", "it-mil"])
+def test_every_kapsule_region_is_served_and_answers_404_for_a_cluster_elsewhere(
+    sim: ScalewaySimulator, http: requests.Session, region: str
+) -> None:
+    url = f"{sim.url}/k8s/v1/regions/{region}/clusters/{sim.cluster_id}"
+    response = http.get(url, headers={"X-Auth-Token": SECRET})
+    assert response.status_code == 404
+    assert response.json() == {
+        "message": "resource is not found",
+        "resource": "cluster",
+        "resource_id": sim.cluster_id,
+        "type": "not_found",
+    }
+
+
+def test_public_cluster_read_answers_the_recorded_fields(sim: ScalewaySimulator, http: requests.Session) -> None:
+    response = http.get(
+        f"{sim.url}/k8s/v1/regions/{REGION}/clusters/{sim.cluster_id}", headers={"X-Auth-Token": SECRET}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["id"], body["name"], body["region"], body["type"], body["status"]) == (
+        sim.cluster_id,
+        "test",
+        REGION,
+        "kapsule",
+        "ready",
+    )
+    assert {"version", "cni", "tags", "autoscaler_config"} <= set(body)
+    assert {"expander", "estimator", "scale_down_disabled"} <= set(body["autoscaler_config"])
+
+
+def test_refused_private_endpoints_answer_the_recorded_iam_403_once_the_key_is_accepted(
+    sim: ScalewaySimulator, http: requests.Session, api: Api
+) -> None:
+    sim.set_behaviour(private_endpoints="refused")
+    assert Api(sim, http, token="not-the-secret").list_pools().status_code == 401
+    for response in (api.list_pools(), api.list_nodes(), api.set_size("anything", 1), api.delete_node("anything")):
+        assert response.status_code == 403
+        assert response.json() == {"details": [], "message": "insufficient permissions", "type": "permissions_denied"}
+    cluster = http.get(f"{sim.url}/k8s/v1/regions/{REGION}/clusters/{sim.cluster_id}", headers={"X-Auth-Token": SECRET})
+    assert cluster.status_code == 200  # the public API still serves the key
 
 
 def test_cluster_is_not_found_through_another_known_region(manual_clock: ManualClock, http: requests.Session) -> None:
