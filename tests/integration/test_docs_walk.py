@@ -26,13 +26,14 @@ import grpc
 import pytest
 import yaml
 
-from devstack.clouds import scaleway_backend
+from devstack.clouds import BIZFLY_REGION, bizfly_cluster_uid, scaleway_backend
 from devstack.harness import REPO_ROOT, SCW_SECRET, ChildProcess, ServerProcess, child_env, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
+from simulators.bizfly import DEFAULT_APP_CREDENTIALS, BizflySimulator
 from simulators.bizfly import demo_scenario as bizfly_demo
 from simulators.common import ManualClock
-from simulators.scaleway import ScalewaySimulator, demo_scenario
+from simulators.scaleway import ScalewaySimulator, demo_public_cluster, demo_scenario
 from tests.deploy.chart import CA_1_36_1, chart_dir, chart_version
 from tests.deploy.rendering import find_kustomize
 from tests.support.docpages import Tutorial, blocks, checked, commands, plain_block, words
@@ -78,26 +79,45 @@ def demo() -> Iterator[tuple[ChildProcess, str]]:
 
 # ---------------------------------------------------------------------------------------------- README
 def test_readme_demo_has_the_pools_the_readme_describes(demo: tuple[ChildProcess, str]) -> None:
-    _, address = demo
-    text = README.read_text()
-    assert "seven autoscaling pools" in text and "three at size 0 (Scaleway `batch` and `gpu`, Bizfly `batch`)" in text
+    process, address = demo
+    text = " ".join(README.read_text().split())
+    assert "nine node groups from three backends" in text
+    assert (
+        "seven autoscaling pools: four with running nodes and three at size 0 (Scaleway `batch` and `gpu`, Bizfly `batch`)"
+        in text
+    )
+    assert "`web` (1 to 4, one node) and `jobs` (0 to 3, at size 0, with the label `team=data` and a taint" in text
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.CloudProviderStub(channel)
         groups = stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups
-        # the autoscaling pools; the demo's public-mode backend serves pools whose Kapsule autoscaling is off
-        groups = [g for g in groups if not g.debug.startswith("backend=scaleway-public-demo ")]
         targets = {
             g.id: stub.NodeGroupTargetSize(pb.NodeGroupTargetSizeRequest(id=g.id), timeout=5).targetSize for g in groups
         }
-    assert len(groups) == 7
-    empty = [g.debug.split()[0] for g in groups if targets[g.id] == 0]
-    assert sorted(empty) == ["backend=bizfly-demo", "backend=scaleway-demo", "backend=scaleway-demo"]
+    assert len(groups) == 9
+    backend = {g.id: g.debug.split()[0].removeprefix("backend=") for g in groups}
+    by_backend = {
+        b: sorted((g.minSize, g.maxSize, targets[g.id]) for g in groups if backend[g.id] == b)
+        for b in set(backend.values())
+    }
+    assert {b: len(v) for b, v in by_backend.items()} == {
+        "scaleway-demo": 4,
+        "bizfly-demo": 3,
+        "scaleway-public-demo": 2,
+    }
+    assert by_backend["scaleway-public-demo"] == [(0, 3, 0), (1, 4, 1)]
+    (jobs,) = [p for p in demo_public_cluster()["pools"] if p["name"] == "jobs"]
+    assert "noprefix=team=data" in jobs["tags"] and any(t.startswith("taint=") for t in jobs["tags"]), jobs
+    empty = sorted(backend[g.id] for g in groups if targets[g.id] == 0)
+    assert empty == ["bizfly-demo", "scaleway-demo", "scaleway-demo", "scaleway-public-demo"]
     # and by name, in the scenarios the demo serves
     scw = [p["name"] for p in demo_scenario()["clusters"][0]["pools"] if p.get("autoscaling", True) and not p["size"]]
     bz = [p["name"] for p in bizfly_demo()["clusters"][0]["pools"] if p["enable_autoscaling"] and not p["desired_size"]]
     assert (scw, bz) == (["batch", "gpu"], ["batch"])
     assert all(targets[g.id] < g.maxSize for g in groups)
-    assert sum(1 for g in groups if targets[g.id] > 0) == 4
+    # the banner's validate --online command, run as printed: the demo's config passes against its clouds
+    (line,) = [x.strip() for x in process.output.splitlines() if "validate --online --config " in x]
+    done = subprocess.run(line.split(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.count("online: OK") == 3, done.stdout + done.stderr
 
 
 def test_readme_status_command_against_the_demo(demo: tuple[ChildProcess, str]) -> None:
@@ -112,6 +132,7 @@ def test_readme_status_command_against_the_demo(demo: tuple[ChildProcess, str]) 
     assert done.returncode == 0, done.stdout + done.stderr
     assert "backend scaleway-demo (scaleway): healthy, serving, 4 group(s)" in done.stdout
     assert "backend bizfly-demo (bizfly): healthy, serving, 3 group(s)" in done.stdout
+    assert "backend scaleway-public-demo (scaleway): healthy, serving, 2 group(s)" in done.stdout
 
 
 def test_readme_grpcurl_walk_against_the_demo_prints_what_the_readme_says(demo: tuple[ChildProcess, str]) -> None:
@@ -210,8 +231,9 @@ TUTORIALS = REPO_ROOT / "docs" / "tutorials"
 KAPSULE = Tutorial(TUTORIALS / "kapsule.md")
 BIZFLY = Tutorial(TUTORIALS / "bizfly.md")
 MIGRATE = Tutorial(TUTORIALS / "migrate-from-in-tree.md")
-#: the Kapsule tutorial's two modes: the section of each one's values.yaml
+#: the Kapsule tutorial's two modes: the section of each one's choice (the block the check block then uses)
 KAPSULE_MODES = {"public": "### Self-managed", "private": "### Private endpoints"}
+KAPSULE_CHECK = "### Check it against Scaleway"
 #: where a reader of the README leaves it for a tutorial (its "Start here" list), and where a tutorial
 #: has shown them the CA scaling a pool
 README_START_HERE = "## Why not the in-tree providers"
@@ -271,14 +293,28 @@ def sidecar_and_ca(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str
 def test_the_kapsule_tutorials_install_applies_the_pushed_image_the_pull_secret_and_the_ca_release(
     checkout: Path, mode: str
 ) -> None:
-    values = {**KAPSULE.values(), "REGISTRY": REGISTRY, "CA_VERSION": "v1.35.2", "SCW_SECRET_KEY": "s"}
-    (values_yaml,) = KAPSULE.blocks(KAPSULE_MODES[mode])
+    values = {**KAPSULE.values(), "REGISTRY": REGISTRY, "CA_VERSION": "v1.35.2", "SCW_SECRET_KEY": SCW_SECRET}
+    (choice,) = KAPSULE.blocks(KAPSULE_MODES[mode])
+    (check,) = KAPSULE.blocks(KAPSULE_CHECK)
+    # The check asks the cloud: here the Scaleway simulator, with the page's cluster and pool (Kapsule
+    # autoscaling off in the public mode, on with its bounds in the private one), at the URL the page's
+    # shell gets from SCW_API_URL (the walk's one addition).
+    pool = {"id": "1b6f1b0e-7f63-4c1c-9a55-2b8e3c4d5e0a", "name": values["POOL"], "node_type": "DEV1-M", "size": 0}
+    pool |= {"autoscaling": False} if mode == "public" else {"min_size": 0, "max_size": 3}
+    cluster = {"id": values["CLUSTER_ID"], "name": "tutorial", "region": values["SCW_REGION"], "pools": [pool]}
+    (checkout / ".venv").symlink_to(REPO_ROOT / ".venv")
+    with ScalewaySimulator(scenario={"clusters": [cluster]}, clock=ManualClock(), secret_key=SCW_SECRET) as sim:
+        done = KAPSULE.run(f"{choice}\n{check}", values, cwd=checkout, env={"SCW_API_URL": sim.url})
+    shown = checked(done, "the mode's choice and the check")
+    assert "online: OK" in shown and "online: OK" in KAPSULE.path.read_text()
+    (group,) = [line for line in shown.splitlines() if line.startswith(f"  group {pool['id']} ")]
+    assert f"({values['POOL']}): min 0, max 3, target 0" in group, shown
     install = commands(KAPSULE.block("## 6."))
     assert install[0] == "helm repo add autoscaler https://kubernetes.github.io/autoscaler"
     (helm,) = [c for c in install if c.startswith("helm install")]
     upgrade = commands(KAPSULE.block("## Upgrade", "helm -n kube-system upgrade"))[0]
     for command in (helm, upgrade):
-        done = KAPSULE.run(f"{values_yaml}\n{helm_template(command)}", values, cwd=checkout)
+        done = KAPSULE.run(helm_template(command), values, cwd=checkout)
         docs = list(yaml.safe_load_all(checked(done, command)))
         pod, sidecar, ca = sidecar_and_ca(docs)
         assert sidecar["image"] == f"{REGISTRY}/ca-externalgrpc-server:{VERSION}"
@@ -296,6 +332,29 @@ def test_the_kapsule_tutorials_install_applies_the_pushed_image_the_pull_secret_
         (backend,) = yaml.safe_load(config["data"]["config.yaml"])["backends"]
         expected = {"mode": "public", "pools": {values["POOL"]: {"min_size": 0, "max_size": 3}}}
         assert backend["scaleway"] == (expected if mode == "public" else {}), backend
+
+
+def test_the_bizfly_tutorials_check_passes_on_the_pages_cluster_and_lists_its_pool(checkout: Path) -> None:
+    # The Bizfly simulator's demo cluster, its first pool named as the page's, the simulator's credential;
+    # BIZFLYCLOUD_API_URL is the shell's way to the simulator (the walk's one addition).
+    scenario = bizfly_demo()
+    values = {**BIZFLY.values(), "REGISTRY": REGISTRY}
+    scenario["clusters"][0]["pools"][0]["name"] = values["POOL"]
+    ((credential_id, credential_secret),) = DEFAULT_APP_CREDENTIALS.items()
+    (checkout / ".venv").symlink_to(REPO_ROOT / ".venv")
+    with BizflySimulator(scenario, clock=ManualClock()) as sim:
+        values |= {
+            "CLUSTER_NAME": bizfly_cluster_uid(sim),
+            "BIZFLYCLOUD_REGION": BIZFLY_REGION,
+            "BIZFLYCLOUD_APP_CREDENTIAL_ID": credential_id,
+            "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": credential_secret,
+        }
+        done = BIZFLY.run(
+            BIZFLY.block("## 4.", "validate --online"), values, cwd=checkout, env={"BIZFLYCLOUD_API_URL": sim.url}
+        )
+    shown = checked(done, "the check")
+    assert "bizfly (bizfly): online: OK" in shown and "online: OK" in BIZFLY.path.read_text()
+    assert [line for line in shown.splitlines() if f"({values['POOL']}): min 1, max 5" in line], shown
 
 
 def test_the_bizfly_tutorials_overlay_applies_the_pushed_image_the_pull_secret_and_the_ca_release(
