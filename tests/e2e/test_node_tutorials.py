@@ -149,15 +149,19 @@ def test_the_kapsule_tutorial_on_a_real_node(start_node: Any, mode: str) -> None
         "CA_VERSION": "v1.36.1",
         "SCW_SECRET_KEY": env.scw.secret_key,
     }
-    walk = Walk(tutorial, env, values, registry.podman)
+    # step 4's validate --online runs on this machine: SCW_API_URL is its way to the simulated cloud
+    walk = Walk(tutorial, env, values, {**registry.podman, "SCW_API_URL": env.scw.url})
 
     push_image(walk, tutorial, registry)
     walk.run(tutorial.block("## 3."))
     add_the_way_to_the_cloud(env, "scaleway")
 
     walk.label += f" ({mode} mode)"
-    (values_yaml,) = tutorial.blocks(KAPSULE_MODES[mode])
-    walk.run(values_yaml)
+    (choice,) = tutorial.blocks(KAPSULE_MODES[mode])
+    walk.run(choice)
+    online = walk.run(tutorial.block("### Check it against Scaleway"))
+    assert "scaleway (scaleway): online: OK" in online, online
+    assert f"({POOL}): min 0, max 3, target 0" in online, online
     version = walk.run(tutorial.block("## 5."))
     assert "Server Version: v1.36." in version and values["CA_VERSION"].startswith("v1.36."), version
 
@@ -205,13 +209,16 @@ def test_the_bizfly_tutorial_on_a_real_node(start_node: Any) -> None:
         "CA_VERSION": "v1.36.1",
         "BIZFLYCLOUD_APP_CREDENTIAL_SECRET": credential_secret,
     }
-    walk = Walk(tutorial, env, values, registry.podman)
+    # step 4's validate --online runs on this machine: BIZFLYCLOUD_API_URL is its way to the simulated cloud
+    walk = Walk(tutorial, env, values, {**registry.podman, "BIZFLYCLOUD_API_URL": env.bz.url})
 
     push_image(walk, tutorial, registry)
     walk.run(tutorial.block("## 3."))
     add_the_way_to_the_cloud(env, "bizfly")
-    deployments = walk.run(tutorial.block("## 4."))
+    deployments = walk.run(tutorial.block("## 4.", "get deployments"))
     assert "cluster-autoscaler" not in deployments, deployments
+    online = walk.run(tutorial.block("## 4.", "validate --online"))
+    assert "bizfly (bizfly): online: OK" in online and f"({POOL}): min 0, max 3" in online, online
     version = walk.run(tutorial.block("## 5."))
     assert "Server Version: v1.36." in version, version
 

@@ -15,7 +15,8 @@ What stands in for the reader's world, and the only changes the walk makes to wh
   holding the official chart at the version the page pins, packaged from the CA module (the chart
   tests/deploy renders);
 - **the way to the simulated cloud**: added to the credentials Secret right after the page creates it
-  (``NodeEnvironment.cloud_way``);
+  (``NodeEnvironment.cloud_way``), and, for a ``validate --online`` the page runs on the reader's
+  machine, ``SCW_API_URL`` or ``BIZFLYCLOUD_API_URL`` in the shell's environment;
 - **the CA's loop timings** (``WALK_TIMINGS``): the e2e suite's short ones (tests/e2e/node_layouts.py),
   and a short recheck of nodes found unremovable (the CA sets a node aside for 5 minutes when it sees
   its pods' ReplicaSet gone before the pods, as deleting the page's deployment does), added to each
