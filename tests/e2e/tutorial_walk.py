@@ -16,7 +16,8 @@ What stands in for the reader's world, and the only changes the walk makes to wh
   tests/deploy renders);
 - **the way to the simulated cloud**: added to the credentials Secret right after the page creates it
   (``NodeEnvironment.cloud_way``), and, for a ``validate --online`` the page runs on the reader's
-  machine, ``SCW_API_URL`` or ``BIZFLYCLOUD_API_URL`` in the shell's environment;
+  machine, ``SCW_API_URL`` in the shell's environment (Scaleway), or the interception proxy's
+  ``HTTPS_PROXY`` and CA bundle exported before that one block (Bizfly);
 - **the CA's loop timings** (``WALK_TIMINGS``): the e2e suite's short ones (tests/e2e/node_layouts.py),
   and a short recheck of nodes found unremovable (the CA sets a node aside for 5 minutes when it sees
   its pods' ReplicaSet gone before the pods, as deleting the page's deployment does), added to each
