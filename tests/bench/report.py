@@ -196,12 +196,16 @@ def compare(servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     def steady(s: Mapping[str, Any]) -> float:
         return float(s["freshness"]["requests_per_minute_steady"])
 
+    def per_listing(s: Mapping[str, Any]) -> float:
+        return float(s["freshness"]["requests_per_listing"])
+
     return {
         name: {
             "loop_ratio": ratio(s["loop_median_ms"], base["loop_median_ms"]),
             "loop_p95_ratio": ratio(s["loop_p95_ms"], base["loop_p95_ms"]),
             "cloud_requests_ratio": ratio(s["cloud_requests"], base["cloud_requests"]),
             "cloud_requests_steady_ratio": ratio(steady(s), steady(base)),
+            "cloud_requests_per_listing_ratio": ratio(per_listing(s), per_listing(base)),
             "peak_rss_ratio": ratio(s["peak_rss_mib"], base["peak_rss_mib"]),
             "cpu_per_loop_ratio": ratio(s["cpu_per_loop_s"], base["cpu_per_loop_s"]),
         }
@@ -262,6 +266,41 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     rows.append(
         "max answer age: the oldest cloud state a server could answer from in the window (end of a listing "
         "minus the start of the one before it)."
+    )
+    return "\n".join(rows)
+
+
+def cloud_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Cloud requests per minute of each server against the upstream's, and what makes them: requests per
+    full listing (what one listing of the cluster costs) and listings (how often the server re-read it)."""
+    header = (
+        "| nodes | groups | server | cloud req/min (window / steady) | ÷ upstream (window / steady) "
+        "| requests per listing | ÷ upstream | listings in the window | mean interval between listings s |"
+    )
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    for key, size in results.items():
+        if not key.startswith("nodes_"):
+            continue
+        ratios = size.get("ratios", {})
+        for name, s in size["servers"].items():
+            ratio, fresh = ratios.get(name), s["freshness"]
+            against = (
+                f"{fmt(ratio['cloud_requests_ratio'], 3)} / {fmt(ratio['cloud_requests_steady_ratio'], 3)} "
+                f"| {fmt(fresh['requests_per_listing'], 1)} | {fmt(ratio['cloud_requests_per_listing_ratio'], 3)}"
+                if ratio
+                else f"baseline | {fmt(fresh['requests_per_listing'], 1)} | baseline"
+            )
+            rows.append(
+                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['cloud_requests_per_minute'], 1)} / "
+                f"{fmt(fresh['requests_per_minute_steady'], 1)} | {against} | {fmt(fresh['listings'], 0)} "
+                f"| {fmt(fresh['listing_interval_mean_s'], 1)} |"
+            )
+    rows.append("")
+    rows.append(
+        "Both servers list by the same rule (at the first Refresh once their last listing is older than the "
+        "cloud's max-age), so what a listing costs decides; in one run a listing more in the window, or "
+        "intervals one loop longer or shorter among the few the steady rate is taken from, move a ratio by "
+        'several per cent (docs/evidence/performance.md, "Cloud requests and freshness").'
     )
     return "\n".join(rows)
 
