@@ -313,6 +313,7 @@ class MetricFamily:
     labels: tuple[str, ...]
     help: str
     standard: bool  # from prometheus_client's own collectors (process, platform, garbage collector)
+    feature: str = ""  # the optional Kubernetes feature that registers it ("" = always registered)
 
 
 def metric_families() -> list[MetricFamily]:
@@ -322,13 +323,15 @@ def metric_families() -> list[MetricFamily]:
     from server.metrics import PREFIX, Metrics
 
     metrics = Metrics()
+    always = {family.name for family in metrics.registry.collect()}
+    features = _register_feature_metrics(metrics.registry)
     # A labelled family has no samples before its first series: its label names come from the object that
     # declares it (prometheus_client keeps them as _labelnames, on metrics and on custom families alike).
     declared: dict[str, tuple[str, ...]] = {
         wrapper._name: tuple(wrapper._labelnames)  # noqa: SLF001
         for wrapper in vars(metrics).values()
         if isinstance(wrapper, MetricWrapperBase)
-    }
+    } | {name: labels for name, (_, labels) in features.items()}
     found = []
     for family in metrics.registry.collect():
         labels = getattr(family, "_labelnames", None) or declared.get(family.name)
@@ -337,8 +340,29 @@ def metric_families() -> list[MetricFamily]:
             labels = tuple(seen)
         name = family.name + ("_total" if family.type == "counter" else "")
         ours = family.name.startswith((PREFIX, "grpc_server_"))
-        found.append(MetricFamily(name, family.type, tuple(labels), family.documentation, not ours))
+        feature = "" if family.name in always else features[family.name][0]
+        found.append(MetricFamily(name, family.type, tuple(labels), family.documentation, not ours, feature))
     return found
+
+
+def _register_feature_metrics(registry: Any) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Add the families the optional Kubernetes features register only when they are on (server/kube/);
+    the name of each new family -> the feature's config key and the family's label names."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from server.kube.events import EventMetrics
+    from server.kube.leader import LeaderMetrics, Leadership
+    from server.kube.settings import LeaderElectionConfig
+
+    features: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for key, made in (
+        ("kubernetes.leader_election", LeaderMetrics(registry, Leadership(LeaderElectionConfig()))),
+        ("kubernetes.events", EventMetrics(registry)),
+    ):
+        for wrapper in vars(made).values():
+            if isinstance(wrapper, MetricWrapperBase):
+                features[wrapper._name] = (key, tuple(wrapper._labelnames))  # noqa: SLF001
+    return features
 
 
 METRICS_INTRO = """\
@@ -365,13 +389,24 @@ def metrics_page() -> str:
     if gaps:
         raise Undocumented(gaps)
     parts = [GENERATED.format(source=f"the registry of {_source_of(Metrics)}"), METRICS_INTRO]
-    for title, standard in (("The server's metrics", False), ("Process and Python metrics", True)):
+    sections = (
+        ("The server's metrics", lambda f: not f.standard and not f.feature),
+        (
+            "Metrics of the optional Kubernetes features\n\nRegistered only while the feature in the last column "
+            "is switched on.",
+            lambda f: bool(f.feature),
+        ),
+        ("Process and Python metrics", lambda f: f.standard),
+    )
+    for title, chosen in sections:
         rows = [
             [f"`{f.name}`", f.type, ", ".join(f"`{label}`" for label in f.labels) or "—", _cell(f.help)]
+            + ([f"`{f.feature}`"] if f.feature else [])
             for f in families
-            if f.standard is standard
+            if chosen(f)
         ]
-        parts.append(f"\n## {title}\n\n" + _table(("metric", "type", "labels", "help"), rows))
+        columns = ("metric", "type", "labels", "help") + (("feature",) if rows and len(rows[0]) == 5 else ())
+        parts.append(f"\n## {title}\n\n" + _table(columns, rows))
     return "".join(parts)
 
 
