@@ -104,6 +104,8 @@ def test_cloud_requests_are_reported_against_the_upstreams_with_what_one_listing
         assert ratios["cloud_requests_per_listing_ratio"] == pytest.approx(per_listing[0] / per_listing[1])
     table = report.cloud_table({KEY: size})
     assert f"| {NODES:,} | {POOLS:,} | ours | " in table and f"| {NODES:,} | {POOLS:,} | upstream | " in table
+    few = min(listings) < report.MIN_LISTINGS
+    assert (f"At {NODES} nodes a window held fewer than {report.MIN_LISTINGS} listings" in table) is few
 
 
 def _shape(file: descriptor_pb2.FileDescriptorProto) -> tuple:
