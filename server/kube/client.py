@@ -12,7 +12,7 @@ turned into model objects. The bodies sent are the API's JSON, written as plain 
 
 Nor is the validator the client's dynamic module loads when it happens to be installed
 (``kubernetes_validate``, with jsonschema and its format checkers: 20 MiB where they are, as in a
-development environment): ``_import_client`` keeps it out (docs/evidence/kubernetes-features.md).
+development environment): ``_import_client`` keeps it out (docs/evidence/memory-and-cloud-requests.md).
 """
 
 from __future__ import annotations
