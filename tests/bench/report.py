@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +223,16 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _servers(
+    results: Mapping[str, Mapping[str, Any]],
+) -> Iterator[tuple[Mapping[str, Any], str, Mapping[str, Any], Mapping[str, float] | None]]:
+    """Every server of every size of a run: (size, name, its summary, its ratios to the upstream or None)."""
+    for key, size in results.items():
+        if key.startswith("nodes_"):
+            for name, summary in size["servers"].items():
+                yield size, name, summary, size.get("ratios", {}).get(name)
+
+
 def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table, one row per (size, server)."""
     header = (
@@ -231,27 +241,22 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
         "| max answer age s | peak RSS MiB | start → serving s |"
     )
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    for key, size in results.items():
-        if not key.startswith("nodes_"):
-            continue
-        ratios = size.get("ratios", {})
-        for name, s in size["servers"].items():
-            ratio = ratios.get(name, {})
-            ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
-            start = fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
-            rows.append(
-                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['loop_median_ms'])} "
-                f"| {fmt(s['loop_p95_ms'])} "
-                f"| {fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
-                f"| {fmt(ngfn['p50_us'], 0)} / {fmt(ngfn['p99_us'], 0)} "
-                f"| {fmt(opts['p50_us'], 0)} / {fmt(opts['p99_us'], 0)} "
-                f"| {fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
-                f"| {fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
-                f"| {fmt(s['cloud_requests_per_minute'], 1)} / "
-                f"{fmt(s['freshness']['requests_per_minute_steady'], 1)} "
-                f"| {fmt(s['freshness']['max_answer_age_s'], 1)} "
-                f"| {fmt(s['peak_rss_mib'])} | {start} |"
-            )
+    for size, name, s, ratio in _servers(results):
+        ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
+        start = fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
+        rows.append(
+            f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['loop_median_ms'])} "
+            f"| {fmt(s['loop_p95_ms'])} "
+            f"| {fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
+            f"| {fmt(ngfn['p50_us'], 0)} / {fmt(ngfn['p99_us'], 0)} "
+            f"| {fmt(opts['p50_us'], 0)} / {fmt(opts['p99_us'], 0)} "
+            f"| {fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
+            f"| {fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
+            f"| {fmt(s['cloud_requests_per_minute'], 1)} / "
+            f"{fmt(s['freshness']['requests_per_minute_steady'], 1)} "
+            f"| {fmt(s['freshness']['max_answer_age_s'], 1)} "
+            f"| {fmt(s['peak_rss_mib'])} | {start} |"
+        )
     rows.append("")
     rows.append(
         "(a) no grpc.health.v1 service in the upstream example: time to the first NodeGroups answering every group."
@@ -280,23 +285,19 @@ def cloud_table(results: Mapping[str, Mapping[str, Any]]) -> str:
         "| requests per listing | ÷ upstream | listings in the window | mean interval between listings s |"
     )
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    for key, size in results.items():
-        if not key.startswith("nodes_"):
-            continue
-        ratios = size.get("ratios", {})
-        for name, s in size["servers"].items():
-            ratio, fresh = ratios.get(name), s["freshness"]
-            against = (
-                f"{fmt(ratio['cloud_requests_ratio'], 3)} / {fmt(ratio['cloud_requests_steady_ratio'], 3)} "
-                f"| {fmt(fresh['requests_per_listing'], 1)} | {fmt(ratio['cloud_requests_per_listing_ratio'], 3)}"
-                if ratio
-                else f"baseline | {fmt(fresh['requests_per_listing'], 1)} | baseline"
-            )
-            rows.append(
-                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['cloud_requests_per_minute'], 1)} / "
-                f"{fmt(fresh['requests_per_minute_steady'], 1)} | {against} | {fmt(fresh['listings'], 0)} "
-                f"| {fmt(fresh['listing_interval_mean_s'], 1)} |"
-            )
+    for size, name, s, ratio in _servers(results):
+        fresh = s["freshness"]
+        against = (
+            f"{fmt(ratio['cloud_requests_ratio'], 3)} / {fmt(ratio['cloud_requests_steady_ratio'], 3)} "
+            f"| {fmt(fresh['requests_per_listing'], 1)} | {fmt(ratio['cloud_requests_per_listing_ratio'], 3)}"
+            if ratio
+            else f"baseline | {fmt(fresh['requests_per_listing'], 1)} | baseline"
+        )
+        rows.append(
+            f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['cloud_requests_per_minute'], 1)} / "
+            f"{fmt(fresh['requests_per_minute_steady'], 1)} | {against} | {fmt(fresh['listings'], 0)} "
+            f"| {fmt(fresh['listing_interval_mean_s'], 1)} |"
+        )
     rows.append("")
     few = [
         f"{size['nodes']:,}"
