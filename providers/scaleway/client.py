@@ -189,8 +189,8 @@ class ScalewayClient:
         return listing
 
     def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool | None:
-        """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer carried
-        no readable pool (the write is done all the same: docs/scaleway.md, "Writes")."""
+        """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer was empty
+        or a JSON object that is not a pool (the write is done all the same: docs/scaleway.md, "Writes")."""
         _require_id("pool id", pool_id)
         answer = self.transport.request(
             "PATCH",
@@ -198,20 +198,18 @@ class ScalewayClient:
             endpoint=POOL_ROUTE,
             deadline=deadline,
             json_body={"size": size},
-            body_optional=True,
         )
         return _parse_write_answer(answer, _parse_pool, "PATCH " + POOL_ROUTE)
 
     def delete_node(self, node_id: str, deadline: Deadline) -> Node | None:
         """DELETE one node. Kapsule drains it and lowers its pool's size by one itself. The node as the
-        cloud answered it, or None when the 2xx answer carried no readable node (the deletion is done)."""
+        cloud answered it, or None when the 2xx answer was empty or not a node (the deletion is done)."""
         _require_id("node id", node_id)
         answer = self.transport.request(
             "DELETE",
             NODE_ROUTE.format(region=self._region, node_id=node_id),
             endpoint=NODE_ROUTE,
             deadline=deadline,
-            body_optional=True,
         )
         return _parse_write_answer(answer, _parse_node, "DELETE " + NODE_ROUTE)
 
