@@ -476,10 +476,7 @@ class MutationMachine(RuleBasedStateMachine):
         route, method = (kit.update_route, "PATCH") if op == "increase" else (kit.delete_route, "DELETE")
         self.stack.add_fault(route=route, method=method, status=200, content_type="text/html", times=1)
         before = pool.target
-        if op == "increase":
-            answer = self.stack.increase(gid, delta)
-        else:
-            answer = self.stack.delete(gid, [known[0]])
+        answer = self.stack.increase(gid, delta) if op == "increase" else self.stack.delete(gid, [known[0]])
         self.stack.clear_faults()
         assert answer.code == grpc.StatusCode.UNAVAILABLE, answer
         assert self._cloud(gid) == before, f"{gid}: a write the cloud never saw changed it"
