@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check
+.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance e2e e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check docs reference
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -68,7 +68,7 @@ install: $(STAMP) $(NATIVE_STAMP)
 
 # The two distributions as wheels in dist/: the server (pure Python) and the native engine (one abi3
 # wheel for CPython >= 3.11, built by maturin with the cargo on PATH; its build reuses native/target).
-# `pip install` of them needs no Rust (docs/operations.md, "Install"); make image takes the native one.
+# `pip install` of them needs no Rust (docs/how-to/install.md); make image takes the native one.
 # Each is rebuilt only when its sources change. Both are built by the lock's tools (setuptools without
 # build isolation, maturin), from the venv make install made.
 SERVER_SOURCES := pyproject.toml setup.py README.md $(shell find protos server providers -name '*.py' -not -path '*/__pycache__/*' 2>/dev/null)
@@ -106,6 +106,19 @@ HTTP_LISTEN ?= 127.0.0.1:8087
 run: $(STAMP)
 	@if cargo --version > /dev/null 2>&1; then $(MAKE) --no-print-directory $(NATIVE_STAMP); fi
 	@$(PY) -m devstack --listen $(LISTEN) --http-listen $(HTTP_LISTEN)
+
+# The references generated from the code (docs/reference/config.md, metrics.md, cli.md, alerts.md;
+# tests/support/reference.py): run after a change of a config key, a metric, a CLI option or an alert.
+# make test fails, naming this command, while a page and the code disagree (tests/docs/test_reference.py).
+reference: install
+	@$(PY) -m tests.support.reference --write
+
+# The docs site: docs/ built by MkDocs with the Material theme into site/ (never committed), strictly: a
+# link to a missing page, file or heading fails it (mkdocs.yml; make test runs the same build in
+# tests/docs/test_site.py). NO_MKDOCS_2_WARNING: the theme's notice about MkDocs 2.0 (pyproject.toml
+# keeps MkDocs below 2).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -209,7 +222,7 @@ clean:
 # The container image (deploy/Dockerfile) with podman: base images made from Debian packages with
 # mmdebstrap (no image registry needed) and the native engine's wheel from make wheels, or with
 # IMAGE_BASES=public the Dockerfile's public bases and its Rust stage. Prints the image's name, size,
-# versions and what takes the space (tests/support/imagebuild.py; docs/operations.md, "Install").
+# versions and what takes the space (tests/support/imagebuild.py; docs/how-to/install.md).
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= ca-externalgrpc-server:$(VERSION)
 IMAGE_BASES ?= debian
@@ -231,7 +244,7 @@ reproduce: install
 # A release from a clean commit: make release VERSION=x.y.z checks that every place names x.y.z, that
 # CHANGELOG.md has its entry, the lock and a clean tree, then writes the wheels, the image archive, its
 # bill of materials and SHA256SUMS into dist/release/x.y.z/ (tests/support/release.py;
-# docs/operations.md, "Releases").
+# docs/how-to/release.md).
 release: install
 	@$(PY) -m tests.support.release --version "$(if $(filter command line,$(origin VERSION)),$(VERSION))" --image $(IMAGE) --bases $(IMAGE_BASES)
 

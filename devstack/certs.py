@@ -1,7 +1,7 @@
 """A throwaway PKI for TLS and mTLS tests: a CA, a server and a client certificate, and a stranger.
 
 The server certificate carries DNS and IP SANs for every host given, because the CA's Go client (and
-grpcio) match the SAN, never the CN (docs/protocol.md, "Cloud-config and TLS"). The "other" CA and
+grpcio) match the SAN, never the CN (docs/reference/protocol.md, "Cloud-config and TLS"). The "other" CA and
 its client certificate stand for a client the server must refuse.
 """
 

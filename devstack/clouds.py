@@ -12,6 +12,7 @@ the reliability tests pass secrets through the environment to check that they ne
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from simulators.bizfly import DEFAULT_APP_CREDENTIALS, DEFAULT_USERS, BizflySimulator
@@ -21,14 +22,26 @@ BIZFLY_REGION = "HN"
 
 
 def scaleway_backend(
-    sim: ScalewaySimulator, name: str = "scw", *, secret_key_env: str | None = None, **extra: Any
+    sim: ScalewaySimulator,
+    name: str = "scw",
+    *,
+    secret_key_env: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """The entry for the Scaleway simulator's first cluster; ``extra`` adds keys such as ``node_groups``."""
+    """The entry for the Scaleway simulator's first cluster; ``settings`` adds keys to its ``scaleway:``
+    mapping (``mode``, ``pools``), ``extra`` keys to the entry (``node_groups``, ``sync``)."""
     secret: dict[str, str] = {"secret_key_env": secret_key_env} if secret_key_env else {"secret_key": sim.secret_key}
     return {
         "name": name,
         "type": "scaleway",
-        "scaleway": {"cluster_id": sim.cluster_id, "region": sim.region, "api_url": sim.url, **secret},
+        "scaleway": {
+            "cluster_id": sim.cluster_id,
+            "region": sim.region,
+            "api_url": sim.url,
+            **secret,
+            **(settings or {}),
+        },
         **extra,
     }
 

@@ -3,7 +3,7 @@
 A ``Backend`` wraps one ``CloudAdapter``. Reads (the hot RPCs) come from an immutable in-memory
 ``Snapshot`` swapped atomically after each cloud listing, so they take no lock and do no I/O.
 
-Mutations follow the CA's real concurrency (docs/reliability.md):
+Mutations follow the CA's real concurrency (docs/explanation/reliability.md):
 
 - locks only guard bookkeeping; no cloud call runs under one. Deletions of one group run side by side;
   a size write waits until the deletions already sent are answered, because an absolute size write and
@@ -453,8 +453,10 @@ class Backend:
             before = previous.groups.get(group.id)
             kept = _kept_instances(group.instances, before.instances if before else (), previous.instances_by_id)
             unchanged = unchanged and before is not None and kept is before.instances
+            # The pool's name as one word (``status`` reads the words it knows from the debug string).
+            name = f" name={'_'.join(group.name.split())}" if group.name.strip() else ""
             groups[group.id] = replace(
-                group, instances=kept, debug=f"backend={self.name} synced={synced} {group.debug}".strip()
+                group, instances=kept, debug=f"backend={self.name} synced={synced}{name} {group.debug}".strip()
             )
         if unchanged:
             # Every group holds the very machines it held: the lookups of the last snapshot stand.

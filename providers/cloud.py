@@ -11,6 +11,7 @@ from typing import Any
 from providers.deadline import Deadline
 from providers.errors import NotSupported
 from providers.model import CloudListing, GroupState, Instance, NodeRef, NodeTemplate
+from providers.preflight import Preflight
 
 
 class CloudAdapter(abc.ABC):
@@ -112,3 +113,6 @@ class CloudType:
     config_model: type[Any]
     build_adapter: Callable[[Any], CloudAdapter]
     default_sync_interval: float
+    # ``validate --online``: read-only checks through an adapter ``build_adapter`` made, reported into a
+    # providers.preflight.Preflight (see that module)
+    preflight: Callable[[Any, Preflight], None] | None = None

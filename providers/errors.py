@@ -112,6 +112,18 @@ class CloudAuthFailed(DomainError):
     """The cloud API refused the credentials (401/403)."""
 
 
+def http_status(err: BaseException) -> int | None:
+    """The HTTP status of a cloud's refusal: a ``CloudRequestRejected``'s own, else the 401, 403 or 404 its
+    message quotes (``... answered 403: ...``, how the transport words a ``CloudAuthFailed``); None otherwise."""
+    if isinstance(err, CloudRequestRejected) and err.status is not None:
+        return err.status
+    text = str(err)
+    for code in (401, 403, 404):
+        if f"answered {code}" in text:
+            return code
+    return None
+
+
 class NotSupported(DomainError):
     """The backend has no answer for this optional RPC (pricing, template)."""
 

@@ -31,7 +31,7 @@ can take up to the connect timeout) and just before the request's bytes go out, 
 replica whose leadership lapsed meanwhile sends nothing. The gate answers how long the replica may still
 write, and the request must be sent within that: the socket's send timeout is cut to it. What is sent
 in time reaches the cloud after the network's own delay; the lease margin (``lease_duration -
-renew_deadline``, docs/kubernetes.md) is what keeps a new leader from writing before it. This is the one
+renew_deadline``, docs/explanation/kubernetes.md) is what keeps a new leader from writing before it. This is the one
 place such requests leave the process. A gate may name the writer (``WriteGrant``): the request then
 carries it in the ``WRITER_HEADER`` header, decided in the same step that let it go (with leader election,
 the Lease holder and its term, so each cloud write can be told to one leadership term).
@@ -182,8 +182,8 @@ _CHANGE_WAITS = contextvars.ContextVar("change_waits", default=False)
 #: A write gate: raises ``NotLeader`` to stop a request, else returns the seconds it may still take to be
 #: sent (None: no bound), a ``WriteGrant`` to name the writer too.
 WriteGate = Callable[[str], float | None]
-#: The header a gated write carries when its gate names the writer (docs/kubernetes.md): clouds ignore an
-#: unknown header; a proxy's or the cloud's request log shows which replica, in which term, sent it.
+#: The header a gated write carries when its gate names the writer (docs/reference/kubernetes-features.md): clouds
+#: ignore an unknown header; a proxy's or the cloud's request log shows which replica, in which term, sent it.
 WRITER_HEADER = "Ca-Externalgrpc-Writer"
 
 
@@ -352,6 +352,7 @@ class HttpTransport:
         base_url: str,
         *,
         user_agent: str,
+        headers: Mapping[str, str] | None = None,
         auth: Callable[[bool], Mapping[str, str]] | None = None,
         error_message: Callable[[int, Any], str] | None = None,
         retry: RetryPolicy = RetryPolicy(),  # noqa: B008 - frozen, immutable default
@@ -363,7 +364,11 @@ class HttpTransport:
         secrets: Iterable[str] = (),
         is_auth_failure: Callable[[int, Any], bool] | None = None,
     ) -> None:
-        """``is_auth_failure(status, body)`` decides whether a 401/403 is a credentials problem
+        """``headers`` go with every request: a static credential (Scaleway's secret key), which a 401
+        refuses for good. ``auth(refresh)`` gives the headers of a token that can be renewed (Bizfly's): a
+        401 renews it once (``auth(True)``) and repeats the request; a second 401 is final.
+
+        ``is_auth_failure(status, body)`` decides whether a 401/403 is a credentials problem
         (default: always). Some clouds answer 403 for other refusals, e.g. Scaleway's
         ``quotas_exceeded``, which must not read as "check your key"."""
         self.api = api  # the API this transport calls: the `api` label of its metrics and logs
@@ -388,6 +393,7 @@ class HttpTransport:
         self._headers = urllib3.HTTPHeaderDict(
             {"User-Agent": user_agent, "Accept-Encoding": _ACCEPT_ENCODING, "Accept": "application/json"}
         )
+        self._headers.update(headers or {})
         self._pool = _pool_manager(self.base_url)
 
     # ------------------------------------------------------------------ public

@@ -1,4 +1,5 @@
-"""The node-group model every cloud maps onto (one model for every cloud; docs/architecture.md, "Layers")."""
+"""The node-group model every cloud maps onto (one model for every cloud; docs/explanation/architecture.md,
+"Layers")."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Instance:
     """One cloud machine of a node group.
 
     ``id`` is what the CA sees and must equal the Kubernetes ``spec.providerID`` of the node the
-    machine registers as, or the CA takes the node for unregistered and deletes it (docs/protocol.md,
+    machine registers as, or the CA takes the node for unregistered and deletes it (docs/reference/protocol.md,
     "Instance status"). ``cloud_id`` is the cloud's own handle used to delete it.
     """
 
@@ -92,6 +93,8 @@ class GroupState:
     instances: tuple[Instance, ...]
     template: NodeTemplate | None = None
     debug: str = ""
+    #: the pool's name in the cloud's console, for people (``status``); the id is what the CA uses
+    name: str = ""
     price_per_hour: float | None = None
     cloud_data: Any = field(default=None, compare=False, repr=False)
 

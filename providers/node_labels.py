@@ -30,7 +30,7 @@ its new value ten minutes after the last node was reconfigured; a label that cha
 on some node stays out. Ten minutes is twice the kubelet's default ``nodeStatusReportFrequency`` (5 min):
 every live node's Node object changes, and is seen by the learner's watch, at least that often (the CA
 asks NodeGroupForNode of every node each scan, every 10 s). Where each fact comes from is in
-docs/kubernetes.md ("Labels that vary").
+docs/explanation/kubernetes.md ("Labels that vary").
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ GROUP_LABELS = (
     "k8s.scaleway.com/",  # Kapsule's pool labels on every node (its per-node ones are dropped above)
     "bke.bizflycloud.vn/",  # Bizfly's pool labels (likewise)
 )
-# Labels under a kept prefix that describe one machine or one moment (docs/kubernetes.md, "Labels that vary").
+# Labels under a kept prefix that describe one machine or one moment (docs/reference/kubernetes-features.md, "Labels
+# known to vary").
 VOLATILE_LABELS = frozenset(
     {
         "nvidia.com/gfd.timestamp",  # GPU feature discovery: when it last labelled the node (every minute)

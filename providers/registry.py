@@ -44,7 +44,7 @@ class Registry:
         self.check_fresh_enough()
 
     def check_fresh_enough(self) -> None:
-        """Refresh's rule (the isolation rule, docs/reliability.md): fail for a backend that serves groups
+        """Refresh's rule (the isolation rule, docs/explanation/reliability.md): fail for a backend that serves groups
         from state beyond its staleness bound, and when no backend is usable at all (none has synced, or
         the cloud refuses the configuration of every one that has): the CA then has nothing to act on,
         and its log names the cause each loop. While one backend is usable, one that never synced (or

@@ -243,7 +243,7 @@ FOLLOWER_LATE_AGE = 1.0
 
 class FollowerConnections:
     """With leader election, the CA follows the leader: while this replica does not serve as the leader,
-    every gRPC connection it holds or accepts goes elsewhere (docs/kubernetes.md, "The CA follows the
+    every gRPC connection it holds or accepts goes elsewhere (docs/explanation/kubernetes.md, "The CA follows the
     leader").
 
     /readyz fails first, at once (``Leadership.readiness``), so the Service stops sending clients here;

@@ -15,6 +15,7 @@ from providers.config_errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
     from server.app import RunningServer
+    from server.config import ServerConfig
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -97,11 +98,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not args.config and not args.cloud_config:
         print("error: pass --config and/or --cloud-config", file=sys.stderr)
         return 2
+    if args.online and not args.config:
+        print("error: --online checks the backends of a --config", file=sys.stderr)
+        return 2
     ok = True
     offline = " (offline: shape only)" if args.offline else ""
     served: tuple[tuple[str, int], bool] | None = None  # (listen, tls) of a valid --config
     if args.config:
-        result = validate_file(args.config, offline=args.offline)
+        result = validate_file(args.config, offline=args.offline, shell=True)
         if result.config is not None:
             served = (result.config.listen, result.config.tls is not None)
         elif not result.problems and result.shape is not None:
@@ -119,6 +123,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{args.config}: OK{offline}: listen {host}:{port} ({mode}); backends: {names}")
         for unchecked in result.unchecked:
             print(f"  not checked: {unchecked}")
+        if args.online and result.config is not None:
+            ok = check_online(result.config) and ok
     if args.cloud_config:
         check = check_cloud_config(Path(args.cloud_config), offline=args.offline)
         if served is not None:
@@ -134,8 +140,39 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def print_problems(subject: str, problems: Sequence[ConfigProblem], file: TextIO = sys.stdout) -> None:
-    """``<subject>: INVALID: N problems`` then one line per problem with its key and fix."""
+def check_online(config: ServerConfig) -> bool:
+    """``validate --online``: each backend's read-only checks against its cloud (server/online.py), printed per
+    backend as OK or INVALID with one line per problem, then what was proved, the node groups, warnings and
+    what a read-only check cannot prove. True when no backend has a problem."""
+    from server.online import check_backends
+
+    # The report says what the cloud answered; the providers' own log lines (Python's last-resort handler
+    # prints warnings when nothing configured logging) would only repeat it on stderr.
+    if not logging.getLogger().handlers:
+        logging.getLogger().addHandler(logging.NullHandler())
+    checks = check_backends(config)
+    for check in checks:
+        subject = f"{check.name} ({check.cloud}): online"
+        run = check.run
+        if run.problems:
+            print_problems(subject, run.problems)
+        else:
+            print(f"{subject}: OK")
+        for line in run.proven:
+            print(f"  proved: {line}")
+        for group in run.groups:
+            print(f"  {group}")
+        for line in run.warnings:
+            print(f"  WARNING: {line}")
+        for line in run.unchecked:
+            print(f"  not checked: {line}")
+    return all(check.run.ok for check in checks)
+
+
+def print_problems(subject: str, problems: Sequence[ConfigProblem], file: TextIO | None = None) -> None:
+    """``<subject>: INVALID: N problems`` then one line per problem with its key and fix (on stdout by default:
+    the one in place when called, not when this was defined)."""
+    file = file or sys.stdout
     count = len(problems)
     print(f"{subject}: INVALID: {count} problem{'s' if count > 1 else ''}", file=file)
     for mistake in problems:
@@ -174,7 +211,7 @@ def cmd_config_from_in_tree(args: argparse.Namespace) -> int:
         print_problems(subject, problems, file=sys.stderr)
         return 1
     cloud_config = Path(args.cloud_config) if args.cloud_config else None
-    conversion = from_in_tree.convert(args.cloud_provider, env, cloud_config, args.layout)
+    conversion = from_in_tree.convert(args.cloud_provider, env, cloud_config, args.layout, env_file=args.env_file)
     result = from_in_tree.check(conversion)
     if result.problems:
         print_problems(subject, result.problems, file=sys.stderr)
@@ -253,11 +290,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("--config", help="server YAML config file")
     validate.add_argument("--cloud-config", help="the CA's externalgrpc --cloud-config file")
-    validate.add_argument(
+    reach = validate.add_mutually_exclusive_group()
+    reach.add_argument(
         "--offline",
         action="store_true",
         help="check the shape only: read no secret from the environment and no file the configs name; "
         "list what was left unchecked",
+    )
+    reach.add_argument(
+        "--online",
+        action="store_true",
+        help="also check every backend against its cloud with read-only calls (never a write): the credentials, "
+        "the cluster or project, the region and each endpoint the server calls; list the node groups with their "
+        "bounds and any pool another autoscaler also scales; exit 1 on any problem",
     )
     validate.set_defaults(func=cmd_validate)
 
@@ -268,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     from_in_tree = config_sub.add_parser(
         "from-in-tree",
         help="print the server config for a CA that runs the in-tree scaleway or bizflycloud provider, checked "
-        "by validate, with the CA flag changes and the Helm values diff (docs/migration.md)",
+        "by validate, with the CA flag changes and the Helm values diff (docs/reference/in-tree-differences.md)",
         formatter_class=DefaultsHelpFormatter,
     )
     from_in_tree.add_argument(

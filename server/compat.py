@@ -1,6 +1,6 @@
 """Where the two protocol generations differ (CA <= 1.34.1 and >= 1.35), in one place.
 
-docs/protocol.md, "Field generations by CA release": requests are read preferring the new fields and
+docs/reference/protocol.md, "Field generations by CA release": requests are read preferring the new fields and
 falling back to the legacy ones; responses set both generations.
 """
 

@@ -26,6 +26,7 @@ from providers.config_values import (
     CloudSettings,
     ConfigModel,
     Flag,
+    Shown,
     describe_errors,
     duration,
     duration_seconds,
@@ -134,10 +135,10 @@ def _ratio(value: Any) -> float:
     return float(value)
 
 
-PemFile = Annotated[Path, BeforeValidator(_pem_file)]
-Address = Annotated[tuple[str, int], BeforeValidator(_address)]
-Quantity = Annotated[str, BeforeValidator(_quantity)]
-Ratio = Annotated[float, BeforeValidator(_ratio)]
+PemFile = Annotated[Path, BeforeValidator(_pem_file), Shown("path of a PEM file, relative to the config file")]
+Address = Annotated[tuple[str, int], BeforeValidator(_address), Shown("`host:port` or `[v6]:port`")]
+Quantity = Annotated[str, BeforeValidator(_quantity), Shown("Kubernetes quantity")]
+Ratio = Annotated[float, BeforeValidator(_ratio), Shown("ratio, 0 to 1")]
 GroupDuration = duration(0, 7 * 24 * 3600)
 
 
@@ -146,9 +147,16 @@ GroupDuration = duration(0, 7 * 24 * 3600)
 
 class TLSConfig(ConfigModel):
     cert: PemFile = Field(None, validate_default=True)
+    """The server certificate (PEM). Checked at start: readable, and `tls.key` is its key."""
     key: PemFile = Field(None, validate_default=True)
-    client_ca: PemFile | None = None  # set => clients must present a certificate signed by it
+    """The server certificate's private key (PEM)."""
+    client_ca: PemFile | None = None
+    """CA bundle (PEM) of the client certificates: when set, every client must present a certificate it
+    signed (mTLS). Required when `listen` is not a loopback address, unless
+    `tls.allow_unauthenticated_clients` is true."""
     allow_unauthenticated_clients: Flag = False
+    """Serve TLS on a non-loopback address without asking clients for a certificate: only where something
+    else admits clients (a service mesh, a strict network policy). A warning is logged when it is used."""
 
     @field_validator("key")
     @classmethod
@@ -169,43 +177,69 @@ class TLSConfig(ConfigModel):
 
 
 class ServingConfig(ConfigModel):
-    """The gRPC port: which engine serves it, and what one client may hold (docs/operations.md)."""
+    """The gRPC port: which engine serves it, and what one client may hold (docs/reference/config.md)."""
 
-    # grpcio: the gRPC server of the Python process answers every call. native: a Rust front owns the
-    # gRPC port, answers the hot reads and hands the rest to Python (server/native_front.py); it is a
-    # wheel of its own, so a plain `pip install` may not have it. auto: native when it is installed,
-    # else grpcio with one log line saying so (server/app.py, choose_engine).
     engine: one_of(("auto", "grpcio", "native"), "serving engine", normalise=str.lower) = "auto"  # type: ignore[valid-type]
-    # Open client connections; at the limit the longest-idle one is closed for a new one.
+    """Who answers on the gRPC port. `native`: a Rust front (the `ca-externalgrpc-native` wheel) owns the
+    port and its TLS, answers the CA's hot reads from answers Python built and hands every other call to
+    Python in the same process (about 3 times faster per call, and grpcio is never loaded); the server fails
+    at start when it is not installed. `grpcio`: the Python gRPC server answers everything. `auto`: `native`
+    when it is installed (the image, `make install`, pip's `[native]` extra), else `grpcio` with one warning
+    saying why. Codes and messages do not depend on the engine. With `log.level: debug` the native front
+    hands every call to Python, so that every read is logged."""
     max_connections: whole_number(1, 100_000, 256) = 256  # type: ignore[valid-type]
+    """Open client connections on the gRPC port. At the limit a new connection closes the one idle the
+    longest (no call open), so idle connections never lock out the CA or a health prober; when every
+    connection has a call open, the new one is closed. The server raises its open-files soft limit to this
+    plus 256 at start, and refuses to start, naming this key, when the hard limit is lower."""
     max_concurrent_streams: whole_number(1, 10_000, 100) = 100  # type: ignore[valid-type]
-    # Bytes of request metadata (HTTP/2 header list); more is RESOURCE_EXHAUSTED for that call.
+    """Calls open at once on one connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`); the CA uses a
+    handful."""
     max_header_list_size: whole_number(1024, 1024 * 1024, 16384) = 16384  # type: ignore[valid-type]
-    # The server pings each connection this often (0: never) and closes it without an answer in time.
+    """Bytes of request metadata (the HTTP/2 header list: names, values and 32 per field). Over it, that
+    call alone is answered RESOURCE_EXHAUSTED; the other calls of the connection go on."""
     keepalive_time: duration(0, 7 * 24 * 3600) = 60.0  # type: ignore[valid-type]
+    """The server pings a connection after this long without traffic and closes it when the answer does not
+    come within `serving.keepalive_timeout`, so a dead or partitioned client does not keep its connection.
+    `0s` turns the pings off."""
     keepalive_timeout: duration(1, 3600) = 20.0  # type: ignore[valid-type]
-    # A client's pings may come this often while it has a call open (grpc-go's enforcement policy).
+    """How long the answer to a keepalive ping may take before the connection is closed."""
     min_ping_interval: duration(1, 24 * 3600) = 300.0  # type: ignore[valid-type]
-    # From accept to the client's HTTP/2 preface and SETTINGS, TLS handshake included.
+    """While a client has a call open its pings may come this often (without one, every 2 hours); the third
+    ping too early gets GOAWAY `too_many_pings`, as grpc-go and grpcio enforce it."""
     handshake_timeout: duration(1, 600) = 10.0  # type: ignore[valid-type]
-    # A connection with no call open this long gets GOAWAY (0: never).
+    """From a connection's accept to the client's HTTP/2 preface and SETTINGS, the TLS handshake included;
+    a connection that does not get there in time is closed."""
     idle_timeout: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
-    # A connection open this long (+/-10 %) gets GOAWAY and its calls get max_connection_age_grace before it
-    # is closed (grpc-go's MaxConnectionAge and MaxConnectionAgeGrace; 0: never). The backstop that sends a
-    # client through its Service again, to the replica that leads (docs/kubernetes.md).
+    """A connection with no call open for this long gets GOAWAY (its client reconnects when it next calls);
+    `0s`: never. The CA calls every scan interval, so its connection never idles."""
     max_connection_age: duration(0, 7 * 24 * 3600) = 300.0  # type: ignore[valid-type]
-    # What calls get after their connection was sent away (its age, or a replica that stopped leading).
+    """A connection open this long (spread by 10 % either way) gets GOAWAY, its calls in flight get
+    `serving.max_connection_age_grace`, then it is closed; the client reconnects on its next call (grpc-go's
+    `MaxConnectionAge`). `0s`: never. With two replicas behind a Service it is the backstop that sends the
+    CA through the Service again, to the replica that leads."""
     max_connection_age_grace: duration(0, 3600) = 10.0  # type: ignore[valid-type]
-    # Request message bytes the process holds at once (native engine).
+    """What the calls in flight get to finish after their connection was sent away (its age, or a replica
+    that stopped leading), before it is closed (grpc-go's `MaxConnectionAgeGrace`)."""
     request_buffer: whole_number(4 * 1024 * 1024, 16 * 1024**3, 64 * 1024 * 1024) = 64 * 1024 * 1024  # type: ignore[valid-type]
+    """Bytes of request messages the native front holds at once, being received or waiting for Python; a
+    message that does not fit is refused RESOURCE_EXHAUSTED at once. One connection holds at most 16 MiB
+    besides. The grpcio engine has no such bound."""
 
 
 class HttpConfig(ConfigModel):
     """What one client may hold on the probe/metrics port (``http_listen``; server/http_server.py)."""
 
     max_connections: whole_number(4, 10_000, 100) = 100  # type: ignore[valid-type]
+    """Connections the probe/metrics port holds at once. At the cap a newcomer is admitted by closing the
+    one that has waited longest on its client, except one that sent a request in the last second or whose
+    answer is being computed; so a flood costs a bounded number of sockets and does not push the kubelet's
+    probes out. Kubelet and Prometheus need a handful."""
     request_timeout: duration(0.5, 60) = 5.0  # type: ignore[valid-type]
+    """Time a client of the probe/metrics port has to send a request's line and headers, counted from its
+    first byte, and to take the answer; a late one is answered 408 and closed."""
     idle_timeout: duration(1, 3600) = 30.0  # type: ignore[valid-type]
+    """How long a kept-alive connection to the probe/metrics port may stay silent between two requests."""
 
     @property
     def limits(self) -> HttpLimits:
@@ -218,7 +252,10 @@ class HttpConfig(ConfigModel):
 
 class LogConfig(ConfigModel):
     format: one_of(("json", "text"), "log format") = "json"  # type: ignore[valid-type]
+    """`json`: one JSON object a line, with the fields of the Kubernetes JSON logger (the CA's own); `text`:
+    for people. `serve --log-format` overrides it."""
     level: one_of(("debug", "info", "warning", "error"), "log level", normalise=str.lower) = "info"  # type: ignore[valid-type]
+    """`debug` also logs every read the CA makes. `serve --log-level` overrides it."""
 
 
 # ---------------------------------------------------------------------------- per node group
@@ -228,27 +265,45 @@ class GroupOptions(ConfigModel):
     """NodeGroupGetOptions values for one group; keys left out keep the CA's own defaults."""
 
     scale_down_utilization_threshold: Ratio | None = None
+    """The group's `--scale-down-utilization-threshold`: a node using less is a scale-down candidate."""
     scale_down_gpu_utilization_threshold: Ratio | None = None
+    """The group's `--scale-down-gpu-utilization-threshold`, for GPU nodes."""
     scale_down_unneeded_time: GroupDuration | None = None  # type: ignore[valid-type]
+    """The group's `--scale-down-unneeded-time`: how long a node must be unneeded before it is removed."""
     scale_down_unready_time: GroupDuration | None = None  # type: ignore[valid-type]
+    """The group's `--scale-down-unready-time`: how long an unready node must be unneeded before it is
+    removed."""
     max_node_provision_time: GroupDuration | None = None  # type: ignore[valid-type]
+    """The group's `--max-node-provision-time`: how long a new node may take to register."""
     zero_or_max_node_scaling: Flag | None = None
+    """The group scales from zero to its maximum and back, never in between."""
     ignore_daemonsets_utilization: Flag | None = None
+    """The group's `--ignore-daemonsets-utilization`: DaemonSet pods do not count in a node's use."""
 
 
 class TaintConfig(ConfigModel):
     key: str
+    """The taint's key."""
     value: str = ""
+    """The taint's value."""
     effect: one_of(_EFFECTS, "taint effect") = "NoSchedule"  # type: ignore[valid-type]
+    """The taint's effect."""
 
 
 class TemplateOverride(ConfigModel):
     """Explicit template values; they win over what the cloud describes (labels and quantities merged)."""
 
     labels: dict[str, str] = {}
+    """Node labels, merged over the ones the cloud's description of the pool gives. Labels alone do not make
+    a template: the CA needs a capacity."""
     taints: tuple[TaintConfig, ...] | None = None
+    """Node taints; when given they replace the cloud's."""
     capacity: dict[str, Quantity] = {}
+    """Resources of one node (`cpu`, `memory`, `pods`, `nvidia.com/gpu`...), merged over the cloud's. A
+    group with neither a cloud description nor a capacity has no template, and the CA cannot scale it up
+    from zero."""
     allocatable: dict[str, Quantity] = {}
+    """What pods may use of one node, merged over the cloud's; the capacity when neither side has one."""
 
     def __call__(self, base: NodeTemplate | None) -> NodeTemplate | None:
         if base is None and not (self.capacity or self.allocatable):
@@ -265,7 +320,12 @@ class TemplateOverride(ConfigModel):
 
 class GroupConfig(ConfigModel):
     group_options: GroupOptions | None = Field(None, alias="options")
+    """Per-group CA options. Without it the server returns none and the CA uses its flags; the keys left
+    out are copied from the CA's own defaults of each request. Only when a group really needs other values:
+    on CA 1.27 to 1.28 returning options sets the group's MaxNodeProvisionTime to 0, and on CA 1.35 and
+    later its MaxNodeStartupTime, because the protocol has no field for them."""
     template: TemplateOverride | None = None
+    """The node template for scale-from-zero, merged over what the cloud describes."""
 
     @property
     def options(self) -> OptionsOverride | None:
@@ -279,9 +339,19 @@ class GroupConfig(ConfigModel):
 
 class SyncConfig(ConfigModel):
     interval: duration(1, 24 * 3600) | None = None  # type: ignore[valid-type]
+    """How old the snapshot may get before the cloud is read again: with `follow_refresh`, at the CA's next
+    `Refresh` past it; without, on a timer every interval. Unset: the cloud's cache hint, else 30s."""
     min_interval: duration(0, 3600) = 5.0  # type: ignore[valid-type]
+    """Floor between two syncs (after a size change), and the first retry delay after a failed sync,
+    doubling up to the interval."""
     max_staleness: duration(1, 7 * 24 * 3600) = 600.0  # type: ignore[valid-type]
+    """How old the served snapshot may get while the cloud fails. Past it the `Refresh` that starts every CA
+    loop answers UNAVAILABLE, so the CA pauses (no scale-up, no scale-down) instead of acting on old data.
+    At least the interval."""
     follow_refresh: Flag = True
+    """The CA's `Refresh` starts the next listing once the snapshot is older than the interval (or joins the
+    one running) and waits for it at most 3 s, never into the last second of its deadline; without a CA a
+    timer lists every four intervals. `false`: a timer lists every interval whether a CA asks or not."""
 
 
 def _seconds_or_none(value: Any) -> float | None:
@@ -293,13 +363,21 @@ def _seconds_or_none(value: Any) -> float | None:
 
 
 class BackendConfig(ConfigModel):
-    # ``type`` names the backend's cloud; the YAML key keeps its name so existing configs stay valid
     type: one_of(CLOUDS, "supported cloud") = Field("", validate_default=True)  # type: ignore[valid-type]
+    """The backend's cloud."""
     name: str = Field("", validate_default=True)
+    """The backend's unique name (lower-case letters, digits and `-`), in metrics, logs and `status`.
+    Unset: the cloud's name (`type`)."""
     scaleway: ScalewayConfig | None = None
+    """The Scaleway settings of a `type: scaleway` backend; only the mapping of the backend's own cloud is
+    allowed."""
     bizfly: BizflyConfig | None = None
+    """The Bizfly settings of a `type: bizfly` backend."""
     sync_config: SyncConfig = Field(SyncConfig(), alias="sync")
+    """When the cloud is read."""
     node_groups: dict[str, GroupConfig] = {}
+    """Per node group settings, by the group's id as `ca-externalgrpc status` prints it (the pool id). After
+    a backend's first sync the server logs one warning naming every id that matches none of its groups."""
     # where each cloud setting came from (a key of the file, a *_env variable, an upstream variable)
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
@@ -371,16 +449,36 @@ class BackendConfig(ConfigModel):
 
 class ServerConfig(ConfigModel):
     listen: Address = ("127.0.0.1", 8086)
-    http_listen: Annotated[tuple[str, int] | None, BeforeValidator(_optional_address)] = ("127.0.0.1", 8087)
+    """The gRPC address. `[::]`: every address, IPv6 and IPv4 alike (where the machine has no IPv6, every
+    IPv4 one, with a warning); `0.0.0.0`: every IPv4 address; any other address: itself only. Port 0 picks
+    a free port. Off loopback it needs `tls`, or `allow_plaintext_non_loopback`."""
+    http_listen: Annotated[
+        tuple[str, int] | None, BeforeValidator(_optional_address), Shown("`host:port`, `[v6]:port` or empty")
+    ] = ("127.0.0.1", 8087)
+    """Plaintext HTTP for `/healthz`, `/readyz` and `/metrics`, the same address forms as `listen`; empty or
+    `null` turns it off. In Kubernetes use `"[::]:8087"` (quoted: YAML reads a bare `[` as a list): the
+    kubelet probes the pod IP, not loopback."""
     http: HttpConfig = HttpConfig()
+    """What one client may hold on the probe/metrics port."""
     allow_plaintext_non_loopback: Flag = False
-    tls: Annotated[TLSConfig | None, BeforeValidator(lambda value: value or None)] = None  # tls: {} = no TLS
+    """Plaintext gRPC on a non-loopback `listen` is refused unless this is true (anyone who reaches the port
+    can resize the node pools); a warning is logged when it is used."""
+    tls: Annotated[TLSConfig | None, BeforeValidator(lambda value: value or None)] = None
+    """TLS on the gRPC port; absent or empty: plaintext."""
     shutdown_grace: duration(0, 3600) = 15.0  # type: ignore[valid-type]
+    """On SIGTERM health goes NOT_SERVING, new calls are refused and the calls in flight get this long to
+    finish. Keep it below the pod's `terminationGracePeriodSeconds` (30s in the manifests)."""
     log: LogConfig = LogConfig()
+    """The server's log."""
     max_workers: whole_number(1, 256, 16) = 16  # type: ignore[valid-type]
+    """Threads that run the calls Python answers: grpcio's worker pool, or the native front's pool for
+    Python. The CA calls `NodeGroupNodes` for all groups at once."""
     serving: ServingConfig = ServingConfig()
+    """The gRPC port: which engine serves it, and what one client may hold."""
     backends: tuple[BackendConfig, ...] = ()
+    """The clouds the server answers for, at least one; each node group belongs to one backend."""
     kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    """The optional Kubernetes features; each is off unless enabled."""
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:
@@ -455,6 +553,17 @@ class Validation:
     shape: tuple[tuple[str, int], bool] | None = None
 
 
+def _intended_cloud(backend: Any) -> str:
+    """The cloud a backend is for: its ``type``, or, when that names no cloud (``scalway``, or no type), the
+    one cloud mapping it has. A misspelt type is then one problem, its did-you-mean: the mapping gets the
+    upstream variables it would get with the right type, so no key they set is reported missing too."""
+    if not isinstance(backend, Mapping):
+        return ""
+    cloud = str(backend.get("type"))
+    present = [name for name in CLOUD_MODELS if isinstance(backend.get(name), Mapping)]
+    return present[0] if cloud not in CLOUD_MODELS and len(present) == 1 else cloud
+
+
 def _with_environment(
     raw: Mapping[str, Any], env: Mapping[str, str], offline: bool
 ) -> tuple[dict[str, Any], dict[tuple[Any, ...], str]]:
@@ -464,7 +573,7 @@ def _with_environment(
     backends = raw.get("backends")
     if not isinstance(backends, list):
         return prepared, sources
-    clouds = [str(b.get("type")) if isinstance(b, Mapping) else "" for b in backends]
+    clouds = [_intended_cloud(b) for b in backends]
     prepared_backends: list[Any] = []
     for index, (backend, cloud) in enumerate(zip(backends, clouds, strict=True)):
         if isinstance(backend, Mapping) and cloud not in CLOUD_MODELS:
@@ -495,16 +604,23 @@ def _with_environment(
 
 
 def validate(
-    raw: Any, env: Mapping[str, str] | None = None, base: Path | None = None, *, offline: bool = False
+    raw: Any,
+    env: Mapping[str, str] | None = None,
+    base: Path | None = None,
+    *,
+    offline: bool = False,
+    shell: bool = False,
 ) -> Validation:
-    """Every problem of a parsed YAML document. ``offline``: needs no secret and reads no named file."""
+    """Every problem of a parsed YAML document. ``offline``: needs no secret and reads no named file.
+    ``shell``: the command runs in an operator's shell (``validate``), not in the server's container, so a
+    missing variable's fix may be a shell export."""
     env = os.environ if env is None else env
     if not isinstance(raw, Mapping):
         found = "an empty file" if raw is None else f"a {type(raw).__name__}"
-        fix = "write key: value pairs, starting from the example in docs/operations.md"
+        fix = "write key: value pairs, starting from the example in docs/how-to/configure.md"
         return Validation(None, (ConfigProblem("(top level)", f"expected a mapping, found {found}", fix),))
     prepared, sources = _with_environment(raw, env, offline)
-    context = {"env": env, "offline": offline, "base": base or Path.cwd()}
+    context = {"env": env, "offline": offline, "base": base or Path.cwd(), "shell": shell}
     placeholders = _placeholders(raw)
     try:
         config = ServerConfig.model_validate(prepared, context=context)
@@ -607,13 +723,15 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError.single("--config", f"{path} is not valid YAML ({err})", "fix the YAML syntax") from None
 
 
-def validate_file(path: str | Path, env: Mapping[str, str] | None = None, *, offline: bool = False) -> Validation:
+def validate_file(
+    path: str | Path, env: Mapping[str, str] | None = None, *, offline: bool = False, shell: bool = False
+) -> Validation:
     path = Path(path)
     try:
         raw = _read_yaml(path)
     except ConfigError as err:
         return Validation(None, err.problems)
-    return validate(raw, env, base=path.parent, offline=offline)
+    return validate(raw, env, base=path.parent, offline=offline, shell=shell)
 
 
 def load(path: str | Path, env: Mapping[str, str] | None = None) -> ServerConfig:

@@ -21,19 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from providers.backend import KIND_WORDS, Diagnosis
-from providers.errors import CloudAuthFailed, CloudRequestRejected
+from providers.errors import CloudAuthFailed, CloudRequestRejected, http_status
 
 KINDS = ("credentials", "not_found", "rejected", "unreachable")
-
-
-def _status(err: BaseException) -> int | None:
-    if isinstance(err, CloudRequestRejected) and err.status is not None:
-        return err.status
-    text = str(err)
-    for code in (401, 403, 404):
-        if f"answered {code}" in text:
-            return code
-    return None
 
 
 class Advisor:
@@ -56,7 +46,7 @@ class Advisor:
         return not self.origins.get(key, "(not set").endswith("(not set: the default)")
 
     def diagnose(self, err: BaseException) -> Diagnosis:
-        status = _status(err)
+        status = http_status(err)
         if isinstance(err, CloudAuthFailed):
             return Diagnosis("credentials", self._credentials(status))
         if isinstance(err, CloudRequestRejected):
@@ -68,6 +58,11 @@ class Advisor:
     # ------------------------------------------------------------------ per cloud
     def _credentials(self, status: int | None) -> str:
         if self.cloud == "scaleway":
+            if status == 403 and getattr(self.settings, "public", False):
+                return (
+                    f"the permissions of the API key in {self._named('secret_key', False)}; its IAM policy needs "
+                    f"KubernetesFullAccess and InstancesReadOnly on the project of {self._named('cluster_id')}"
+                )
             if status == 403:
                 return (
                     f"the permissions of the API key in {self._named('secret_key', False)}; its IAM policy "

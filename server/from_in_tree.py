@@ -86,7 +86,7 @@ SERVER_SETTINGS: Mapping[str, Mapping[str, Any]] = {
             "client_ca": "/etc/ca-externalgrpc/tls/ca.crt",
         },
         "shutdown_grace": "15s",
-        # Two replicas behind the Service: only the Lease holder writes (docs/kubernetes.md).
+        # Two replicas behind the Service: only the Lease holder writes (docs/explanation/kubernetes.md).
         "kubernetes": {
             "leader_election": {
                 "enabled": True,
@@ -115,6 +115,10 @@ CA_CLOUD_CONFIGS: Mapping[str, Mapping[str, str]] = {
         "grpc_timeout": "10s",
     },
 }
+#: the chart's Deployment strategy in both layouts, as deploy/helm's values files set it: one CA pod at a time (a
+#: rolling update would run the old and the new CA side by side, and the sidecar's size changes in flight
+#: live in its memory)
+UPDATE_STRATEGY: Mapping[str, str] = {"type": "Recreate"}
 #: the Secret the deploy/ layouts mount into the server; the in-tree CA's variables keep their names there
 CREDENTIALS_SECRET = "ca-externalgrpc-credentials"
 SIDECAR_IMAGE = "ca-externalgrpc-server:0.2.0"
@@ -133,6 +137,14 @@ class Conversion:
     origins: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     problems: list[ConfigProblem] = field(default_factory=list)
+    #: the --env-file the variables were read from; None: this process's environment
+    env_file: str | None = None
+
+    def give(self, variable: str, value: str) -> str:
+        """How the operator gives this command a missing variable: where it reads them from."""
+        if self.env_file:
+            return f"add the line {variable}={value} to {self.env_file}"
+        return f"export {variable}={value}"
 
     @property
     def cloud(self) -> str:
@@ -227,13 +239,21 @@ def _scaleway_file(path: Path | None, conversion: Conversion) -> dict[str, str]:
 def _scaleway(env: Mapping[str, str], cloud_config: Path | None, conversion: Conversion) -> None:
     from_file = _scaleway_file(cloud_config, conversion)
     checks = {
-        "cluster_id": ("the cluster id", "cluster ID is not provided", "export CLUSTER_ID=<the Kapsule cluster id>"),
+        "cluster_id": (
+            "the cluster id",
+            "cluster ID is not provided",
+            conversion.give("CLUSTER_ID", "<the Kapsule cluster id>"),
+        ),
         "secret_key": (
             "the secret key",
             "scaleway secret key is not provided",
-            "export SCW_SECRET_KEY=<an IAM secret key> (the CA's Secret holds it)",
+            conversion.give("SCW_SECRET_KEY", "<an IAM secret key>") + " (the CA's Secret holds it)",
         ),
-        "region": ("the region", "region is not provided", "export SCW_REGION=<the cluster's region, e.g. fr-par>"),
+        "region": (
+            "the region",
+            "region is not provided",
+            conversion.give("SCW_REGION", "<the cluster's region, e.g. fr-par>"),
+        ),
     }
     values: dict[str, str] = {}
     for key, variable in [*SCALEWAY_VARIABLES.items(), ("api_url", SCALEWAY_API_URL)]:
@@ -315,7 +335,7 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
                 BIZFLY_CLUSTER,
                 "the cluster UID is not set (the in-tree provider then lists every cluster as if it were one and "
                 "manages no node group at all)",
-                "export CLUSTER_NAME=<the cluster UID from the Bizfly dashboard, e.g. ke1m4ea3j8w6kkvp>",
+                conversion.give(BIZFLY_CLUSTER, "<the cluster UID from the Bizfly dashboard, e.g. ke1m4ea3j8w6kkvp>"),
             )
         )
     method = value[BIZFLY_AUTH_METHOD].lower()
@@ -352,13 +372,14 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
             ConfigProblem(
                 BIZFLY_AUTH_METHOD,
                 shown,
-                "export BIZFLYCLOUD_AUTH_METHOD=password (with BIZFLYCLOUD_EMAIL and BIZFLYCLOUD_PASSWORD) or "
-                "application_credential (with BIZFLYCLOUD_APP_CREDENTIAL_ID and _SECRET)",
+                conversion.give(BIZFLY_AUTH_METHOD, "password")
+                + " (with BIZFLYCLOUD_EMAIL and BIZFLYCLOUD_PASSWORD), or application_credential (with "
+                "BIZFLYCLOUD_APP_CREDENTIAL_ID and _SECRET)",
             )
         )
     for variable, (what, upstream) in needed.items():
         if not value[variable]:
-            conversion.problems.append(_missing(variable, what, upstream, f"export {variable}"))
+            conversion.problems.append(_missing(variable, what, upstream, conversion.give(variable, f"<{what}>")))
     if method:
         backend["auth_method"] = method
     if value[BIZFLY_EMAIL] and method != "application_credential":
@@ -380,7 +401,7 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
         )
     if value[BIZFLY_TENANT_ID]:
         # The in-tree client sent it as X-Tenant-Id; it is the project id (the Bizfly cloud-controller-manager
-        # passes the same variable on as one), sent as X-Project-ID (docs/bizfly.md, "Authentication").
+        # passes the same variable on as one), sent as X-Project-ID (docs/reference/bizfly.md, "Authentication").
         backend["project_id"] = value[BIZFLY_TENANT_ID]
     conversion.env = dict(env)
     conversion.backend = backend
@@ -390,14 +411,19 @@ def _bizfly(env: Mapping[str, str], cloud_config: Path | None, conversion: Conve
 
 
 def convert(
-    provider: str, env: Mapping[str, str], cloud_config: Path | None = None, layout: str = "sidecar"
+    provider: str,
+    env: Mapping[str, str],
+    cloud_config: Path | None = None,
+    layout: str = "sidecar",
+    env_file: str | None = None,
 ) -> Conversion:
-    """The in-tree ``provider``'s settings in ``env`` (and its cloud-config file) as our config."""
+    """The in-tree ``provider``'s settings in ``env`` (read from ``env_file``, or this process's environment,
+    and its cloud-config file) as our config."""
     if provider not in IN_TREE_PROVIDERS:
         raise ValueError(f"unknown in-tree provider {provider!r}: use one of {', '.join(IN_TREE_PROVIDERS)}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}: use one of {', '.join(LAYOUTS)}")
-    conversion = Conversion(provider, layout)
+    conversion = Conversion(provider, layout, env_file=env_file)
     if provider == "scaleway":
         _scaleway(env, cloud_config, conversion)
     else:
@@ -422,7 +448,7 @@ def check(conversion: Conversion) -> Validation:
     offline (its shape) and its cloud mapping on its own, online (secrets from the environment).
     """
     offline = conversion.layout == "service"
-    result = validate(conversion.config, conversion.env, offline=offline)
+    result = validate(conversion.config, conversion.env, offline=offline, shell=True)
     found = [_located(p, conversion) for p in result.problems]
     unchecked = [u for u in result.unchecked if not u.key.startswith("backends")]
     if offline and not found:
@@ -468,7 +494,7 @@ def dump(document: Any) -> str:
 def config_yaml(conversion: Conversion) -> str:
     head = (
         f"# ca-externalgrpc config converted from the CA's in-tree {conversion.provider} provider "
-        f"({conversion.layout} layout; docs/migration.md).\n"
+        f"({conversion.layout} layout; docs/reference/in-tree-differences.md).\n"
         "# Secrets are named by the variable that holds them, never written here.\n"
     )
     return head + dump(conversion.config)
@@ -542,6 +568,7 @@ def migrated_values(conversion: Conversion, current: Mapping[str, Any], secret: 
     values = {k: v for k, v in current.items() if k != "envFromSecret"}  # the CA needs no cloud credentials
     values["cloudProvider"] = "externalgrpc"
     values["extraArgs"] = {**(current.get("extraArgs") or {}), "cloud-config": CA_CLOUD_CONFIG_PATH}
+    values["updateStrategy"] = dict(UPDATE_STRATEGY)
     if "autoDiscovery" not in values:
         # The chart renders nothing without one of these; externalgrpc makes no flag of it.
         values["autoDiscovery"] = {"clusterName": "my-cluster"}

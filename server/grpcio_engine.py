@@ -313,7 +313,7 @@ def steer_to_the_newest(port: int) -> None:
 
 
 def channel_options(serving: ServingConfig, connection_age: tuple[float, float] | None = None) -> list[tuple[str, int]]:
-    """The limits of ``serving.*`` as grpcio's channel arguments (docs/operations.md says which apply);
+    """The limits of ``serving.*`` as grpcio's channel arguments (docs/reference/config.md says which apply);
     ``connection_age``: (age, grace) of a follower's connections instead of ``serving.max_connection_age``
     and its grace (the shorter one)."""
 

@@ -6,7 +6,7 @@ global registry (which other libraries may write to) leaks onto /metrics. The pr
 garbage-collector collectors are registered on it explicitly, so ``process_resident_memory_bytes``
 and friends are there as on any Prometheus client.
 
-Families (docs/operations.md has the full reference):
+Families (docs/reference/metrics.md has the full reference):
 
 * standard gRPC server metrics, named as py-grpc-prometheus / go-grpc-prometheus name them, so
   existing dashboards work: ``grpc_server_started_total``, ``grpc_server_handled_total``,

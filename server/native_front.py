@@ -1,7 +1,7 @@
 """The native serving engine (``serving.engine: native``, and ``auto`` when installed): a Rust front, no grpcio.
 
 grpcio costs about 500 µs per call here whatever the handler does, twice grpc-go, and the CA's loop is
-thousands of strictly sequential reads; grpcio also costs about 15 MiB of RSS (docs/performance.md).
+thousands of strictly sequential reads; grpcio also costs about 15 MiB of RSS (docs/explanation/performance.md).
 With this engine the extension ``ca_externalgrpc_native`` (``native/``) owns the CA-facing socket,
 plaintext or TLS with the same rules as the grpcio path, the process never imports grpcio, and the
 front
@@ -81,7 +81,7 @@ class NativeFront:
         python_threads: int,
         serving: ServingConfig,
         # One network thread: the CA's calls come one at a time on one connection, and a second thread
-        # only added wake-ups of its own to each call (docs/performance.md, "One write per call").
+        # only added wake-ups of its own to each call (docs/evidence/performance.md, "One write per call").
         threads: int = 1,
     ) -> None:
         extension = load_extension()

@@ -1,6 +1,6 @@
 """Encode a NodeTemplate as the raw ``v1.Node`` protobuf bytes the CA decodes (no k8s envelope).
 
-See docs/protocol.md, "Templates for scale-from-zero": allocatable must carry ``pods``, quantities
+See docs/reference/protocol.md, "Templates for scale-from-zero": allocatable must carry ``pods``, quantities
 must be valid Kubernetes quantities, conditions say Ready, and the bytes are sent in both fields.
 """
 

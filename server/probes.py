@@ -2,7 +2,7 @@
 
 Kubelet probes cannot present client certificates, so they never go to the (m)TLS gRPC port.
 
-What the probes mean (docs/operations.md, "Probes"):
+What the probes mean (docs/how-to/monitoring.md, "Know what the probes say"):
 
 * ``/readyz`` fails only while the server drains after SIGTERM. A stale or not-yet-synced cloud view
   does *not* make it fail: in the Service layout an unready pod loses its Service endpoint, and the

@@ -4,7 +4,7 @@ Both serving engines run every CloudProvider call that Python answers through ``
 the grpcio engine (server/grpcio_engine.py) from its raw-bytes handlers, the native engine
 (server/native_front.py) from the Rust front's ``dispatch`` callback. So decoding, the error mapping,
 metrics and logging are one code path, and none of it imports grpcio: with the native engine the
-process never loads it (about 15 MiB of RSS, docs/performance.md "Memory").
+process never loads it (about 15 MiB of RSS, docs/explanation/performance.md "Memory").
 
 The steps of a call:
 

@@ -1,6 +1,6 @@
 """The externalgrpc CloudProvider servicer: proto in, domain call, proto out.
 
-Thin by design (docs/architecture.md, "Layers"): it never talks HTTP, translates messages, and maps
+Thin by design (docs/explanation/architecture.md, "Layers"): it never talks HTTP, translates messages, and maps
 domain errors through the one table in server/errors.py. Generation quirks live in server/compat.py.
 Hot reads are answered from prebuilt messages cached per snapshot version.
 """
@@ -439,7 +439,7 @@ class CloudProviderService:
             self.on_template_answered(gid, cached[0], cached[1])
         if cached[1] is None:
             # Never OK-with-empty bytes: that makes the CA dereference a nil NodeInfo and crash
-            # (docs/protocol.md, "What crashes the CA or stops its loop").
+            # (docs/reference/protocol.md, "What crashes the CA or stops its loop").
             raise NotSupported(
                 f"no node template for node group {gid!r}; configure node_groups.{gid}.template "
                 "(labels, capacity, allocatable) to enable scale-from-zero"

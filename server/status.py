@@ -74,6 +74,7 @@ def collect(channel: grpc.Channel, timeout: float) -> tuple[list[dict[str, objec
         rows.append(
             {
                 "id": group.id,
+                "name": _field(group.debug, "name") or "-",
                 "min": group.minSize,
                 "max": group.maxSize,
                 "target": target,
@@ -160,12 +161,13 @@ def _template_source(debug: str) -> str:
 
 def _strip_known(debug: str) -> str:
     debug = debug.rpartition(TEMPLATE_MARK)[0] if TEMPLATE_MARK in debug else debug
-    return " ".join(w for w in debug.split() if not w.startswith(("backend=", "synced="))) or "-"
+    return " ".join(w for w in debug.split() if not w.startswith(("backend=", "synced=", "name="))) or "-"
 
 
 def render(rows: list[dict[str, object]], backends: list[BackendLine]) -> str:
     cols = [
         "id",
+        "name",
         "backend",
         "min",
         "max",

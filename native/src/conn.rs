@@ -1,6 +1,6 @@
 //! Client connections: how many, how long each may stay silent, what each may hold, and how each ends.
 //!
-//! * [`Limits`]: the bounds an operator sets (`serving.*` in the config, docs/operations.md).
+//! * [`Limits`]: the bounds an operator sets (`serving.*` in the config, docs/reference/config.md).
 //! * [`Connections`]: every open connection. At `max_connections` a new one evicts the connection idle
 //!   the longest (no open stream; one that never served a call first), so a flood of idle connections
 //!   never locks out a prober or the CA; when every connection has an open stream, the new one is closed.

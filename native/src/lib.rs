@@ -492,7 +492,7 @@ async fn bind(host: &str, port: u16) -> std::io::Result<Vec<TcpListener>> {
 }
 
 /// A listening socket on `address`. The unspecified IPv6 address (`::`) takes IPv4 connections too,
-/// whatever the host's `net.ipv6.bindv6only` says: `[::]` means every address (docs/operations.md).
+/// whatever the host's `net.ipv6.bindv6only` says: `[::]` means every address (docs/reference/config.md).
 fn listen_on(address: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(address),

@@ -1,6 +1,6 @@
 """``BizflyAdapter``: Bizfly Kubernetes Engine worker pools as node groups.
 
-Facts followed (docs/bizfly.md, "Node groups" and "Instances"): a node group is a worker pool with
+Facts followed (docs/reference/bizfly.md, "Node groups" and "Instances"): a node group is a worker pool with
 ``enable_autoscaling`` true in the cluster GET; its min/max come from that cluster GET entry (that is
 where upstream reads them), its target from the pool GET's ``desired_size``; an instance id is
 ``bizflycloud://<physical_id>`` (what the Bizfly CCM puts in ``spec.providerID``).
@@ -196,8 +196,8 @@ class BizflyAdapter(CloudAdapter):
         instances = self._instances(pool_id, [n for n in nodes if isinstance(n, Mapping)])
         merged = {**entry, **pool}
         debug = (
-            f"pool={merged.get('name', '')} id={pool_id} flavor={merged.get('flavor', '')} min={min_size} "
-            f"max={max_size} desired={desired} status={merged.get('provision_status', '')}"
+            f"id={pool_id} flavor={merged.get('flavor', '')} min={min_size} max={max_size} desired={desired} "
+            f"status={merged.get('provision_status', '')}"
         )
         return GroupState(
             id=pool_id,
@@ -206,6 +206,7 @@ class BizflyAdapter(CloudAdapter):
             target_size=desired,
             instances=instances,
             debug=debug,
+            name=str(merged.get("name") or ""),
             cloud_data=PoolData(merged, self.config.region_label),
         )
 
@@ -264,7 +265,8 @@ class BizflyAdapter(CloudAdapter):
 
     def _check_zero(self, group: GroupState, deadline: Deadline) -> None:
         """Read a pool back after the API accepted ``desired_size: 0``: the one write no public client has
-        made (docs/bizfly.md, "Writes"). The pool must read 0; anything else is an error naming what it reads."""
+        made (docs/reference/bizfly.md, "Writes"). The pool must read 0; anything else is an error naming what it
+        reads."""
         try:
             pool = self._pool_or_none(group.id, deadline)
             seen = None if pool is None else _int_field(pool, "desired_size", f"worker pool {group.id}", default=0)
@@ -283,8 +285,8 @@ class BizflyAdapter(CloudAdapter):
         shown = "the pool is gone" if seen is None else f"the pool still reads desired_size {seen}"
         raise CloudRequestRejected(
             f"Bizfly accepted desired_size 0 for pool {group.id!r} (it was {group.target_size}) but {shown}: the API "
-            'did not apply a size of zero (no public Bizfly client sends 0; docs/bizfly.md, "Writes"). Nothing '
-            "else was changed; scale the pool to zero in the Bizfly dashboard, or keep its min_size above 0",
+            'did not apply a size of zero (no public Bizfly client sends 0; docs/reference/bizfly.md, "Writes"). '
+            "Nothing else was changed; scale the pool to zero in the Bizfly dashboard, or keep its min_size above 0",
             status=None,
         )
 
@@ -309,8 +311,8 @@ class BizflyAdapter(CloudAdapter):
                 if err.status != 404:
                     raise self._rejected(err, group, f"delete node {node_id}") from None
                 if position + 1 < len(candidates):
-                    # The label may carry another id than the API's node id (docs/bizfly.md, "Endpoints used"): try
-                    # the id the pool itself lists for this providerID before concluding it is gone.
+                    # The label may carry another id than the API's node id (docs/reference/bizfly.md, "Endpoints
+                    # used"): try the id the pool itself lists for this providerID before concluding it is gone.
                     log.warning(
                         "node id from the label is unknown to the API; retrying with the pool's node id",
                         extra={"cloud": "bizfly", "node_group": group.id, "node": node.name},

@@ -1,6 +1,6 @@
 """Bizfly token authentication: both login flows, a cached token refreshed before it expires.
 
-Why it differs from upstream (docs/bizfly.md, "Authentication"):
+Why it differs from upstream (docs/reference/bizfly.md, "Authentication"):
 
 * the token URL is configurable (upstream always posts to the production URL at start-up);
 * the token's ``expires_at`` is used to refresh ahead of expiry (upstream only reacts to a 401);

@@ -1,6 +1,6 @@
 """HTTP client for the Bizfly Kubernetes Engine API (the calls upstream's gobizfly makes, made safely).
 
-Calls (docs/bizfly.md, "Endpoints used"), relative to the Kubernetes Engine endpoint:
+Calls (docs/reference/bizfly.md, "Endpoints used"), relative to the Kubernetes Engine endpoint:
 
 * ``GET    /_/{cluster}``                 the cluster with its worker pools (bare object)
 * ``GET    /_/{cluster}/{pool}``          one pool with its nodes (bare object)
@@ -45,6 +45,7 @@ KUBERNETES_ENGINE_SERVICE = "kubernetes_engine"
 # Endpoint names for metrics and messages. The Kubernetes Engine paths (/_/{cluster}/{pool}/{node})
 # say little to a person reading a dashboard, so each call is named after what it reads or writes.
 CLUSTER_ENDPOINT = "cluster"
+CLUSTERS_ENDPOINT = "cluster list"
 POOL_ENDPOINT = "worker pool"
 POOL_NODE_ENDPOINT = "worker pool node"
 # The token endpoint is retried less: a login that keeps failing must cost few requests.
@@ -61,6 +62,10 @@ def error_message(status: int, body: Any) -> str:
             if isinstance(value, Mapping) and isinstance(value.get("message"), str):
                 return str(value["message"])
     return body if isinstance(body, str) else ""
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _segment(value: str) -> str:
@@ -112,12 +117,28 @@ class BizflyClient:
         self._lock = threading.Lock()
         self._api: HttpTransport | None = None
         self._api_prefix = ""
+        self._engines: list[tuple[str, str]] | None = None  # the catalog's Kubernetes Engine entries
         self._metrics: Any = None
         self._write_gate: Callable[[str], float | None] | None = None
 
     # ------------------------------------------------------------------ the four calls
     def get_cluster(self, deadline: Deadline) -> Any:
         return self._call("GET", f"/_/{_segment(self.config.cluster_name)}", CLUSTER_ENDPOINT, deadline).body
+
+    def list_clusters(self, deadline: Deadline) -> Any:
+        """``GET <k8s>/_/``: the clusters of the project (``{"clusters": [...]}``); read by ``validate --online``
+        only, to tell a wrong cluster UID apart from a wrong endpoint."""
+        return self._call("GET", "/_/", CLUSTERS_ENDPOINT, deadline).body
+
+    def get_cluster_at(self, url: str, deadline: Deadline) -> Any:
+        """The configured cluster as the Kubernetes Engine at ``url`` (another region's) answers for it."""
+        api, prefix = self._engine_transport(url)
+        try:
+            with using_deadline(deadline):
+                path = f"{prefix}/_/{_segment(self.config.cluster_name)}"
+                return api.request("GET", path, endpoint=CLUSTER_ENDPOINT, deadline=deadline).body
+        finally:
+            api.close()
 
     def get_pool(self, pool_id: str, deadline: Deadline) -> Any:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
@@ -171,12 +192,7 @@ class BizflyClient:
         if self._api is not None:
             return self._api
         url = self.config.kubernetes_engine_url or self._catalog_lookup(deadline)
-        # The endpoint URL carries a path (…/api/kubernetes-engine): the transport gets the
-        # scheme and host, and every call is prefixed with the path.
-        prefix = url[len(base_of(url)) :].rstrip("/")
-        api = HttpTransport(
-            API_KUBERNETES_ENGINE, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
-        )
+        api, prefix = self._engine_transport(url)
         if self._metrics is not None:
             api.instrument(self._metrics)
         if self._write_gate is not None:  # before publishing it: no write may go out ungated
@@ -186,7 +202,19 @@ class BizflyClient:
         self._api = api
         return api
 
-    def _catalog_lookup(self, deadline: Deadline) -> str:
+    def _engine_transport(self, url: str) -> tuple[HttpTransport, str]:
+        """A transport to the Kubernetes Engine at ``url``, and the path every call there is prefixed with: the
+        URL carries a path (…/api/kubernetes-engine), the transport gets the scheme and host."""
+        api = HttpTransport(
+            API_KUBERNETES_ENGINE, base_of(url), auth=self.tokens.headers, retry=self._retry, **self._transport_args
+        )
+        return api, url[len(base_of(url)) :].rstrip("/")
+
+    def kubernetes_engines(self, deadline: Deadline) -> list[tuple[str, str]]:
+        """``(region, service_url)`` of every ``kubernetes_engine`` entry of the service catalog, in its order;
+        read once."""
+        if self._engines is not None:
+            return self._engines
         url = catalog_url(self.config.api_url)
         response = self._catalog_transport.request(
             "GET", url[len(base_of(url)) :], endpoint="/api/auth/service", deadline=deadline
@@ -196,23 +224,27 @@ class BizflyClient:
             raise CloudUnavailable(
                 f"malformed answer from the Bizfly service catalog {url}: no 'services' list; check api_url"
             )
-        offered: list[str] = []
-        for entry in services:
-            if not isinstance(entry, Mapping) or entry.get("canonical_name") != KUBERNETES_ENGINE_SERVICE:
-                continue
-            region = str(entry.get("region") or "")
-            offered.append(region)
-            service_url = entry.get("service_url")
-            if same_region(region, self.config.region) and isinstance(service_url, str) and service_url:
+        self._engines = [
+            (str(entry.get("region") or ""), _text(entry.get("service_url")).rstrip("/"))
+            for entry in services
+            if isinstance(entry, Mapping) and entry.get("canonical_name") == KUBERNETES_ENGINE_SERVICE
+        ]
+        return self._engines
+
+    def _catalog_lookup(self, deadline: Deadline) -> str:
+        engines = self.kubernetes_engines(deadline)
+        for region, service_url in engines:
+            if same_region(region, self.config.region) and service_url:
                 log.info(
                     "Bizfly Kubernetes Engine endpoint found in the service catalog",
                     extra={"cloud": CLOUD, "region": normalize_region(region), "endpoint_url": service_url},
                 )
-                return service_url.rstrip("/")
-        # Upstream silently falls back to a URL that is not the Kubernetes Engine (docs/bizfly.md, "Regions").
+                return service_url
+        # Upstream silently falls back to a URL that is not the Kubernetes Engine (docs/reference/bizfly.md, "Regions").
+        offered = ", ".join(region for region, _ in engines) or "none"
         raise CloudRequestRejected(
-            f"the Bizfly service catalog at {url} has no {KUBERNETES_ENGINE_SERVICE} endpoint for region "
-            f"{self.config.region!r} (regions offered: {', '.join(offered) or 'none'}); set region to one of "
+            f"the Bizfly service catalog at {catalog_url(self.config.api_url)} has no {KUBERNETES_ENGINE_SERVICE} "
+            f"endpoint for region {self.config.region!r} (regions offered: {offered}); set region to one of "
             "them, or set kubernetes_engine_url explicitly",
             status=None,
         )

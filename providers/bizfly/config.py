@@ -1,31 +1,6 @@
 """The ``bizfly:`` mapping of a backend; the upstream environment variables override it.
 
-Keys besides the ones every cloud has (``request_timeout``, ``max_attempts``: providers/config_values.py):
-
-==========================  ====================================================================
-``auth_method``             ``password`` or ``application_credential`` (inferred when only one kind
-                            of credential is given)
-``email`` / ``password``    password flow
-``app_credential_id`` /     application-credential flow
-``app_credential_secret``
-``password_env``,           names of environment variables holding those secrets, so the file can
-``app_credential_secret_env``  stay free of them
-``region``                  default ``HN``; any spelling of a known region (``hn``, ``HaNoi``,
-                            ``ha-noi``...) is normalised (providers/bizfly/regions.py)
-``api_url``                 default ``https://manage.bizflycloud.vn``: base of the service catalog
-                            (``<api_url>/api/auth/service``) and of the default token URL
-``token_url``               default ``<api_url>/api/token`` (upstream hard-codes the production URL)
-``kubernetes_engine_url``   the Kubernetes Engine endpoint; when set, the catalog is not read
-``project_id``              the project (32 hexadecimal characters) the cluster belongs to: it scopes the
-                            login and is sent as ``X-Project-ID``, as the current vendor client does;
-                            when unset, the project the token answer names is sent
-``tenant_id``               the older name of ``project_id`` (upstream ``BIZFLYCLOUD_TENANT_ID``, which
-                            the Bizfly cloud-controller-manager also passes on as the project id)
-``region_label``            the value of ``topology.kubernetes.io/region`` on the cluster's nodes, for
-                            scale-from-zero templates; default the region's short code (``HN``, ``HCM``)
-``cluster_name``            the cluster UID as the API expects it in paths (upstream ``CLUSTER_NAME``)
-==========================  ====================================================================
-
+Its keys are described under each field below (and in docs/reference/config.md, generated from them).
 When this is the only Bizfly backend, the upstream variables override the file:
 ``BIZFLYCLOUD_AUTH_METHOD``, ``BIZFLYCLOUD_EMAIL``, ``BIZFLYCLOUD_PASSWORD``,
 ``BIZFLYCLOUD_APP_CREDENTIAL_ID``, ``BIZFLYCLOUD_APP_CREDENTIAL_SECRET``, ``BIZFLYCLOUD_REGION``,
@@ -169,19 +144,41 @@ class BizflyConfig(CloudSettings):
     SECRET_FIELDS: ClassVar[tuple[str, ...]] = _SECRETS
 
     cluster_name: Annotated[str, BeforeValidator(_cluster_name)] = Field("", validate_default=True)
+    """The cluster UID as the API expects it in paths (e.g. `ke1m4ea3j8w6kkvp`), not its display name."""
     # Upstream sends any value to the token endpoint unchecked; refuse it here instead.
     auth_method: one_of(AUTH_METHODS, "login method", normalise=str.lower, allow_empty=True) = ""  # type: ignore[valid-type]
+    """The login: with `email` and `password`, or with `app_credential_id` and `app_credential_secret`.
+    Unset: the only kind of credential given."""
     region: Annotated[str, BeforeValidator(_region)] = "HaNoi"
+    """The cluster's region: `HaNoi` (`HN`), `HoChiMinh` (`HCM`) or `VC-HaNoi`; any spelling (`hn`, `ha-noi`,
+    `Ha Noi`...) is normalised."""
     api_url: api_base_url(_EXAMPLE_URL) = DEFAULT_API_URL  # type: ignore[valid-type]
+    """Base of the service catalog (`<api_url>/api/auth/service`) and of the default `token_url`."""
     token_url: api_base_url(_EXAMPLE_URL) = ""  # type: ignore[valid-type]
+    """The token endpoint. Unset: `<api_url>/api/token`."""
     kubernetes_engine_url: api_base_url(f"{_EXAMPLE_URL}/api/kubernetes-engine") | None = None  # type: ignore[valid-type]
+    """The Kubernetes Engine endpoint. Unset: the one the service catalog names."""
     email: Text = ""
+    """The account's login e-mail (password login)."""
     project_id: Annotated[str, BeforeValidator(_project_id)] = ""
+    """The project the cluster belongs to (32 hexadecimal characters: the project's ID in the dashboard, not
+    its name). It scopes the login and is sent as `X-Project-ID`; needed when the cluster is not in the
+    account's default project. Unset: the project the login answers with."""
     tenant_id: Annotated[str, BeforeValidator(_project_id)] = ""
+    """The older name of `project_id` (the in-tree provider's `BIZFLYCLOUD_TENANT_ID`). Given with
+    `project_id`, both must name the same project."""
     region_label: Annotated[str, BeforeValidator(_region_label)] = ""
+    """The value of `topology.kubernetes.io/region` on the cluster's nodes, put in scale-from-zero
+    templates; set it only when the nodes carry something else than the region's short code. Unset: `HN`
+    or `HCM`."""
     app_credential_id: Text = ""
+    """The application credential's id (application-credential login)."""
     password: Secret = ""
+    """The account's password (password login). Keep it out of the file: give it in the environment
+    variable below, or name another one in `password_env`."""
     app_credential_secret: Secret = ""
+    """The application credential's secret. Keep it out of the file: give it in the environment variable
+    below, or name another one in `app_credential_secret_env`."""
 
     @classmethod
     def cross_rules(cls, raw: Mapping[str, Any], context: Mapping[str, Any]) -> list[InitErrorDetails]:

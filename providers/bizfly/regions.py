@@ -2,7 +2,7 @@
 
 The service catalog has been seen to say ``HN``, ``hn`` and ``HaNoi`` for the same region, and the
 upstream client compared strings exactly, silently falling back to a wrong URL on a mismatch
-(docs/bizfly.md, "Regions"). Both sides are normalised here before
+(docs/reference/bizfly.md, "Regions"). Both sides are normalised here before
 they are compared.
 """
 
@@ -31,7 +31,7 @@ KNOWN_REGIONS = (HANOI, HOCHIMINH, VC_HANOI)
 
 # Bizfly's own short code of a region (its regions answer pairs region_name HaNoi with short_name HN and
 # HoChiMinh with HCM; zones are HN1, HN2, HCM1). The cloud-controller-manager's default region is HN, and
-# it writes its region into the topology.kubernetes.io/region label of every node (docs/bizfly.md,
+# it writes its region into the topology.kubernetes.io/region label of every node (docs/reference/bizfly.md,
 # "Templates"). VC-HaNoi has no public short code: its canonical name is used.
 _CODES = {HANOI: "HN", HOCHIMINH: "HCM"}
 

@@ -1,7 +1,7 @@
 """Map a Bizfly pool node's ``status`` (and ``status_reason``) to the CA's instance state.
 
 The words come from the autoscaling group behind each worker pool, an OpenStack Senlin cluster
-(docs/bizfly.md, "Status mapping", says where each fact comes from): a node is ``INIT`` then
+(docs/reference/bizfly.md, "Status mapping", says where each fact comes from): a node is ``INIT`` then
 ``CREATING`` while its server is built, ``ACTIVE`` once it exists ("Creation succeeded"),
 ``UPDATING``, ``RECOVERING`` or ``OPERATING`` while an existing server is changed, recovered or
 operated on, ``WARNING`` when it serves but something around it failed (a load-balancer membership),

@@ -1,7 +1,7 @@
 """Scale-from-zero node templates for Bizfly worker pools.
 
 Upstream has no template at all, so the CA can never scale a Bizfly pool up from 0 nodes
-(docs/bizfly.md, "Templates"). A template is built here
+(docs/reference/bizfly.md, "Templates"). A template is built here
 from, in increasing priority:
 
 1. well-known labels: ``kubernetes.io/os=linux``, ``kubernetes.io/arch=amd64``, and what the Bizfly

@@ -5,6 +5,7 @@ from __future__ import annotations
 from providers.cloud import CloudType
 from providers.scaleway.adapter import ScalewayAdapter
 from providers.scaleway.config import ScalewayConfig, parse_config
+from providers.scaleway.preflight import preflight
 
 # Upstream refreshes every 60 s unless the pools answer carries Cache-Control max-age. Reads are
 # served from memory and mutations trigger their own early sync, so 30 s keeps the view fresh at
@@ -21,6 +22,7 @@ CLOUD_TYPE = CloudType(
     config_model=ScalewayConfig,
     build_adapter=build_adapter,
     default_sync_interval=DEFAULT_SYNC_INTERVAL,
+    preflight=preflight,
 )
 
 __all__ = ["CLOUD_TYPE", "DEFAULT_SYNC_INTERVAL", "ScalewayAdapter", "ScalewayConfig", "build_adapter", "parse_config"]

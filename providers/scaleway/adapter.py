@@ -1,15 +1,20 @@
 """Kapsule pools as node groups: the Scaleway ``CloudAdapter``.
 
-Only what is Scaleway-specific lives here (docs/scaleway.md): which pools are
+Only what is Scaleway-specific lives here (docs/reference/scaleway.md): which pools are
 groups, how nodes map to instances, how a size is written and a node deleted, templates and prices.
 Delta and min/max checks, pending changes, locking and syncing are the shared ``Backend``'s.
 
-What this adapter relies on from Kapsule (each fact with its public source: docs/scaleway.md, "Evidence"):
-- ``DELETE .../autoscaler/nodes/{id}`` drains the node and lowers its pool's ``size`` by one on the
+The two modes of the config differ only in the endpoints (client.py) and in which pools are groups
+(``AutoscaledPools``: Kapsule's autoscaling on, the pool's bounds; ``ConfiguredPools``: the pools the
+config names, autoscaling off, the config's bounds). In the public mode the template's resources and
+the price come from the Instance product catalog (``CatalogCache``) instead of the pool record.
+
+What this adapter relies on from Kapsule (each fact with its public source: docs/reference/scaleway.md, "Evidence"):
+- ``DELETE .../nodes/{id}`` (either mode) drains the node and lowers its pool's ``size`` by one on the
   cloud side (public API docs: "Pool size is reduced by 1"; upstream mirrors it with a local
   ``pool.Size--`` after the call). So ``delete_instance`` only deletes; it never PATCHes the size,
-  which would race with the cloud's own decrement.
-- ``PATCH .../autoscaler/pools/{id}`` with ``{"size": n}`` sets the absolute desired size. It is sent
+  which would shrink the pool twice (a smaller size makes Kapsule remove a machine of its choosing).
+- ``PATCH .../pools/{id}`` with ``{"size": n}`` sets the absolute desired size. It is sent
   whatever the pool's last known status: nothing public says Kapsule refuses it while the pool is
   ``upgrading`` or ``locked`` (the upstream provider sends it too), and when Kapsule does refuse, its 409
   names the state it saw (``current_state``), which is what the CA is told.
@@ -23,17 +28,35 @@ import datetime as dt
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from providers.cloud import CloudAdapter
 from providers.deadline import Deadline
-from providers.errors import CloudRequestRejected, GroupBusy, NodeGroupNotFound, NotSupported
+from providers.errors import (
+    CloudAuthFailed,
+    CloudRequestRejected,
+    DomainError,
+    GroupBusy,
+    NodeGroupNotFound,
+    NotSupported,
+)
 from providers.http_transport import BreakerSettings, RetryPolicy
 from providers.model import CloudListing, GroupState, Instance, NodeRef, NodeTemplate
-from providers.scaleway.client import Node, Pool, ScalewayClient
-from providers.scaleway.config import ScalewayConfig
+from providers.scaleway.client import Node, Pool, ScalewayClient, ServerType
+from providers.scaleway.config import PoolBounds, ScalewayConfig
 from providers.scaleway.statuses import KNOWN_STATUSES, instance_status
-from providers.scaleway.templates import GPU_LABEL, POOL_ID_LABEL, gpu_type, pool_template, same_instance_type
+from providers.scaleway.templates import (
+    GPU_LABEL,
+    POOL_ID_LABEL,
+    Machine,
+    catalog_machine,
+    gpu_type,
+    instance_type,
+    pool_template,
+    same_instance_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +68,17 @@ NODE_RESOURCES = frozenset({"node", "k8s_node"})
 GONE_NODE_STATES = frozenset({"deleting", "deleted"})
 # Prefix of the id of a node Kapsule has not given a machine yet (empty provider_id), see synthetic_id.
 SYNTHETIC_ID_PREFIX = "scaleway://kapsule-node/"
+# Public mode: a zone's product catalog is read again after this long (prices and types change rarely).
+CATALOG_MAX_AGE = 3600.0
+# ... and, after a failed read with nothing cached, at the next listing this much later at the earliest.
+CATALOG_RETRY = 60.0
 
 
 def synthetic_id(node: Node) -> str:
     """Instance id for a node whose ``provider_id`` is still empty (or duplicated).
 
     Upstream keys nodes by ``provider_id``, so several nodes being created collapse into one map entry
-    and the CA under-counts upcoming nodes (docs/scaleway.md, "Instances"). We give such a node an id
+    and the CA under-counts upcoming nodes (docs/reference/scaleway.md, "Instances"). We give such a node an id
     built from its Kapsule node id: it is stable from one sync to the next (the node id never changes),
     unique, and cannot collide with a real ``scaleway://instance/<zone>/<uuid>`` providerID. The CA
     sees it as an upcoming instance; when the machine registers, the real providerID replaces it.
@@ -132,28 +159,135 @@ def to_instances(nodes: Iterable[Node]) -> tuple[Instance, ...]:
     return tuple(sorted(instances, key=lambda i: i.id))
 
 
-def to_group(pool: Pool, nodes: Iterable[Node], region: str) -> GroupState:
+@dataclass(frozen=True, slots=True)
+class Selected:
+    """A pool that is a node group, with the bounds the CA keeps it within."""
+
+    pool: Pool
+    min_size: int
+    max_size: int
+
+
+class AutoscaledPools:
+    """Private mode: every pool whose Kapsule autoscaling is on, within the pool's own bounds (as upstream)."""
+
+    def select(self, pools: Iterable[Pool]) -> tuple[list[Selected], list[str]]:
+        return [Selected(p, p.min_size, p.max_size) for p in pools if p.autoscaling], []
+
+
+class ConfiguredPools:
+    """Public mode: the pools ``scaleway.pools`` names (by name or id), within the config's bounds; a named
+    pool whose Kapsule autoscaling is on is left to Kapsule's managed autoscaler, with one line saying so."""
+
+    def __init__(self, pools: Mapping[str, PoolBounds], region: str) -> None:
+        self.pools = dict(pools)
+        self.region = region
+
+    def select(self, pools: Iterable[Pool]) -> tuple[list[Selected], list[str]]:
+        listed = list(pools)
+        chosen: dict[str, Selected] = {}
+        problems: list[str] = []
+        for key, bounds in self.pools.items():
+            matches = [p for p in listed if key in (p.id, p.name)]
+            if not matches:
+                problems.append(
+                    f"scaleway.pools names {key!r}, but the cluster has no pool of that name or id; no node group "
+                    "for it (check the name with `scw k8s pool list cluster-id=<id>`)"
+                )
+                continue
+            if len(matches) > 1:
+                ids = ", ".join(p.id for p in matches)
+                problems.append(
+                    f"scaleway.pools names {key!r}, which is the name of {len(matches)} pools ({ids}); none of them "
+                    "is a node group: name the pool by its id instead"
+                )
+                continue
+            pool = matches[0]
+            if pool.autoscaling:
+                problems.append(
+                    f"pool {pool.name!r} ({pool.id}) is left untouched: its Kapsule autoscaling is on, so Scaleway's "
+                    "managed autoscaler sizes it; switch it off (console: the pool's settings, or `scw k8s pool update "
+                    f"{pool.id} autoscaling=false region={self.region}`) or remove {key!r} from scaleway.pools"
+                )
+                continue
+            if pool.id in chosen:
+                problems.append(f"scaleway.pools names pool {pool.id} twice (by name and by id); the first is used")
+                continue
+            chosen[pool.id] = Selected(pool, bounds.min_size, bounds.max_size)
+        return list(chosen.values()), problems
+
+
+def to_group(selected: Selected, nodes: Iterable[Node], region: str, machine: Machine | None = None) -> GroupState:
+    pool = selected.pool
     return GroupState(
         id=pool.id,
-        min_size=pool.min_size,
-        max_size=pool.max_size,
+        min_size=selected.min_size,
+        max_size=selected.max_size,
         target_size=pool.size,
         instances=to_instances(nodes),
-        template=pool_template(pool, region),
+        template=pool_template(pool, region, None, machine),
         debug=debug_line(pool),
-        price_per_hour=pool.node_price_per_hour,
+        name=pool.name,
+        price_per_hour=machine.price_per_hour if machine is not None else pool.node_price_per_hour,
         cloud_data=pool,
     )
 
 
-def to_groups(pools: Iterable[Pool], nodes: Iterable[Node], region: str) -> tuple[GroupState, ...]:
-    """One group per pool with ``autoscaling: true``; nodes of other pools are dropped (docs/scaleway.md)."""
-    autoscaled = {pool.id: pool for pool in pools if pool.autoscaling}
-    by_pool: dict[str, list[Node]] = {pool_id: [] for pool_id in autoscaled}
+def to_groups(
+    selected: Sequence[Selected],
+    nodes: Iterable[Node],
+    region: str,
+    machines: Mapping[str, Machine] | None = None,
+) -> tuple[GroupState, ...]:
+    """One group per selected pool; nodes of other pools are dropped (docs/reference/scaleway.md)."""
+    chosen = {s.pool.id: s for s in selected}
+    by_pool: dict[str, list[Node]] = {pool_id: [] for pool_id in chosen}
     for node in nodes:
         if node.pool_id in by_pool:
             by_pool[node.pool_id].append(node)
-    return tuple(to_group(autoscaled[pid], by_pool[pid], region) for pid in sorted(autoscaled))
+    return tuple(to_group(chosen[pid], by_pool[pid], region, (machines or {}).get(pid)) for pid in sorted(chosen))
+
+
+class CatalogCache:
+    """The Instance product catalog of each zone the groups are in (public mode), read at most once an hour.
+
+    A failed read keeps the copy in hand (prices and types change rarely); with none, the pools of that
+    zone have no template or price until a later listing reads it. A failed read is tried again, and
+    logged, at most once a minute."""
+
+    def __init__(self, client: ScalewayClient, clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self._clock = clock
+        self._zones: dict[str, tuple[float, Mapping[str, ServerType]]] = {}
+        self._failed: dict[str, float] = {}
+
+    def types(self, zone: str, deadline: Deadline) -> Mapping[str, ServerType]:
+        now = self._clock()
+        fetched_at, types = self._zones.get(zone, (-math.inf, {}))
+        if now - fetched_at < CATALOG_MAX_AGE or now - self._failed.get(zone, -math.inf) < CATALOG_RETRY:
+            return types
+        try:
+            fresh = self._client.list_server_types(zone, deadline)
+        except DomainError as err:
+            self._failed[zone] = now
+            permission = (
+                " (the key needs to read the Instance API: an IAM policy with InstancesReadOnly, or "
+                "InstancesFullAccess, for the cluster's project)"
+                if isinstance(err, CloudAuthFailed)
+                else ""
+            )
+            log.log(
+                logging.ERROR if isinstance(err, CloudAuthFailed) else logging.WARNING,
+                "the Instance product catalog of %s could not be read%s; %s",
+                zone,
+                permission,
+                "the copy read earlier is kept" if types else "its pools have no template or price until it is",
+                extra={"zone": zone, "error": str(err)},
+            )
+            return types
+        self._failed.pop(zone, None)
+        self._zones[zone] = (now, fresh)
+        return fresh
 
 
 def node_price(price_per_hour: float, start: dt.datetime, end: dt.datetime) -> float:
@@ -178,32 +312,69 @@ class ScalewayAdapter(CloudAdapter):
         self.config = config
         self.client = client or ScalewayClient(config, retry=retry, breaker=breaker)
         self._region = config.region
-        # Last pools seen (autoscaled only), for GPU types; replaced whole, never mutated.
+        self.selection = ConfiguredPools(config.pools, config.region) if config.public else AutoscaledPools()
+        self.catalog = CatalogCache(self.client) if config.public else None
+        # Last pools seen (groups only), for GPU types; replaced whole, never mutated. Public mode: what the
+        # catalog says a new node of each is (pool id -> Machine).
         self._pools: Mapping[str, Pool] = {}
+        self._machines: Mapping[str, Machine] = {}
         self._pools_lock = threading.Lock()
+        self._problems: tuple[str, ...] = ()  # the selection's last findings, logged when they change
 
     # ------------------------------------------------------------------ reads
     def list_groups(self, deadline: Deadline) -> CloudListing:
         pools = self.client.list_pools(deadline)
         nodes = self.client.list_nodes(deadline)
-        groups = to_groups(pools.items, nodes.items, self._region)
+        selected = self._select(pools.items)
+        machines = self._catalog_machines([s.pool for s in selected], deadline)
+        groups = to_groups(selected, nodes.items, self._region, machines)
         with self._pools_lock:
             self._pools = {g.id: g.cloud_data for g in groups}
+            self._machines = machines
         ages = [age for age in (pools.max_age, nodes.max_age) if age is not None]
         return CloudListing(groups, max_age=min(ages) if ages else None)
 
     def read_group(self, group_id: str, deadline: Deadline) -> GroupState:
         # Only the pool's sizes are needed before an absolute size write (CloudAdapter.read_group). The
         # autoscaler API has no single-pool GET: the pool list is one page per 100 pools, while the node
-        # list of a 5,000-node cluster is 50 pages, too slow for a 5 s CA deadline on the real API.
-        pools = self.client.list_pools(deadline)
-        pool = next((p for p in pools.items if p.id == group_id), None)
-        if pool is None or not pool.autoscaling:
+        # list of a 5,000-node cluster is 50 pages, too slow for a 5 s CA deadline on the real API. The
+        # public API has one.
+        if self.client.public:
+            try:
+                pools = [self.client.get_pool(group_id, deadline)]
+            except CloudRequestRejected as err:
+                if err.status == 404 and _names(err, POOL_RESOURCES):
+                    raise NodeGroupNotFound(group_id) from err
+                raise
+        else:
+            pools = list(self.client.list_pools(deadline).items)
+        chosen, _ = self.selection.select(pools)  # its findings are the listing's to log
+        selected = next((s for s in chosen if s.pool.id == group_id), None)
+        if selected is None:
             raise NodeGroupNotFound(group_id)
-        group = to_group(pool, (), self._region)
+        group = to_group(selected, (), self._region, self._machines.get(group_id))
         with self._pools_lock:
-            self._pools = {**self._pools, pool.id: pool}
+            self._pools = {**self._pools, group_id: selected.pool}
         return group
+
+    def _select(self, pools: Iterable[Pool]) -> list[Selected]:
+        selected, problems = self.selection.select(pools)
+        if tuple(problems) != self._problems:
+            self._problems = tuple(problems)
+            for line in problems:
+                log.warning("%s", line, extra={"cluster_id": self.config.cluster_id})
+        return selected
+
+    def _catalog_machines(self, pools: Iterable[Pool], deadline: Deadline) -> dict[str, Machine]:
+        """Public mode: each pool's node type as the catalog of its zone describes it (none in private mode)."""
+        if self.catalog is None:
+            return {}
+        machines: dict[str, Machine] = {}
+        for pool in pools:
+            server = self.catalog.types(pool.zone, deadline).get(instance_type(pool.node_type))
+            if server is not None:
+                machines[pool.id] = catalog_machine(server, pool)
+        return machines
 
     # ------------------------------------------------------------------ writes
     def set_target_size(self, group: GroupState, new_size: int, deadline: Deadline) -> None:
@@ -275,12 +446,12 @@ class ScalewayAdapter(CloudAdapter):
         return GPU_LABEL
 
     def available_gpu_types(self) -> tuple[str, ...]:
-        pools = self._pools
-        return tuple(sorted({t for t in (gpu_type(p) for p in pools.values()) if t}))
+        pools, machines = self._pools, self._machines
+        return tuple(sorted({t for t in (gpu_type(p, machines.get(p.id)) for p in pools.values()) if t}))
 
     def template(self, group: GroupState, observed_labels: Mapping[str, str] | None) -> NodeTemplate | None:
         if isinstance(group.cloud_data, Pool):
-            return pool_template(group.cloud_data, self._region, observed_labels)
+            return pool_template(group.cloud_data, self._region, observed_labels, self._machines.get(group.id))
         return group.template
 
     def same_machine_type(self, first: str, second: str) -> bool:
@@ -291,7 +462,8 @@ class ScalewayAdapter(CloudAdapter):
 
     def node_price(self, group: GroupState, node: NodeRef, start: dt.datetime, end: dt.datetime) -> float:
         if group.price_per_hour is None:
-            raise NotSupported(f"Kapsule pool {group.id} has no node_price_per_hour; no price for its nodes")
+            source = "hourly_price in the Instance product catalog" if self.client.public else "node_price_per_hour"
+            raise NotSupported(f"Kapsule pool {group.id} has no {source}; no price for its nodes")
         return node_price(group.price_per_hour, start, end)
 
     def pod_price(self, pod_bytes: bytes, start: dt.datetime, end: dt.datetime) -> float:
@@ -306,8 +478,10 @@ class ScalewayAdapter(CloudAdapter):
         self.client.transport.guard_writes(gate)
 
     def health_detail(self) -> str:
+        refused = f"; {len(self._problems)} configured pool(s) not served (see the log)" if self._problems else ""
         return (
-            f"scaleway API {self.config.api_url} region {self._region}: breaker {self.client.transport.breaker_state}"
+            f"scaleway API {self.config.api_url} region {self._region} ({self.config.mode} mode): breaker "
+            f"{self.client.transport.breaker_state}{refused}"
         )
 
     def close(self) -> None:

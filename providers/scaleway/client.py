@@ -1,9 +1,15 @@
-"""Scaleway Kapsule API client: the private ``/k8s/v1/regions/{region}/autoscaler/`` endpoints.
+"""Scaleway Kapsule API client, in either mode of the ``scaleway:`` config
+(docs/reference/scaleway.md, "Endpoints used"):
 
-These are the endpoints the CA's own Scaleway provider uses (docs/scaleway.md, "Endpoints used"): they carry
-the per-pool template data (capacity, allocatable, labels, taints as a map, hourly price) that the
-public pool API lacks. This module only speaks HTTP and turns JSON into frozen records; the
-node-group logic lives in ``adapter.py``.
+- ``private``: the ``/k8s/v1/regions/{region}/autoscaler/`` endpoints the CA's own Scaleway provider uses;
+  they carry the per-pool template data (capacity, allocatable, labels, taints as a map, hourly price);
+- ``public``: Kapsule's public, documented pool and node endpoints (the ones Scaleway's SDKs call), and the
+  Instance API's product catalog (``/instance/v1/zones/{zone}/products/servers``) for what a node type is
+  made of and costs. The read calls here (pools, one pool, nodes, the catalog) are all a check of the
+  credentials needs.
+
+Both modes share the paging, the records and the error handling. This module only speaks HTTP and turns
+JSON into frozen records; the node-group logic lives in ``adapter.py``.
 
 Differences from upstream's client, on purpose:
 - pagination follows ``total_count`` (and still stops on an empty or short page), and removes
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,15 +41,41 @@ PAGE_SIZE = 100
 # A listing longer than this many pages is a cloud bug or a moving target, not a cluster.
 MAX_PAGES = 500
 
-POOLS_ROUTE = "/k8s/v1/regions/{region}/autoscaler/clusters/{cluster_id}/pools"
-NODES_ROUTE = "/k8s/v1/regions/{region}/autoscaler/clusters/{cluster_id}/nodes"
-POOL_ROUTE = "/k8s/v1/regions/{region}/autoscaler/pools/{pool_id}"
-NODE_ROUTE = "/k8s/v1/regions/{region}/autoscaler/nodes/{node_id}"
+# The Instance API's product list answers 50 types a page unless asked (recorded), at most 100.
+CATALOG_PAGE_SIZE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Routes:
+    """The four Kapsule endpoints of one mode (``{region}``, ``{cluster_id}``, ``{pool_id}``, ``{node_id}``)."""
+
+    pools: str
+    nodes: str
+    pool: str
+    node: str
+
+
+PRIVATE_ROUTES = Routes(
+    pools="/k8s/v1/regions/{region}/autoscaler/clusters/{cluster_id}/pools",
+    nodes="/k8s/v1/regions/{region}/autoscaler/clusters/{cluster_id}/nodes",
+    pool="/k8s/v1/regions/{region}/autoscaler/pools/{pool_id}",
+    node="/k8s/v1/regions/{region}/autoscaler/nodes/{node_id}",
+)
+PUBLIC_ROUTES = Routes(
+    pools="/k8s/v1/regions/{region}/clusters/{cluster_id}/pools",
+    nodes="/k8s/v1/regions/{region}/clusters/{cluster_id}/nodes",
+    pool="/k8s/v1/regions/{region}/pools/{pool_id}",
+    node="/k8s/v1/regions/{region}/nodes/{node_id}",
+)
+SERVER_TYPES_ROUTE = "/instance/v1/zones/{zone}/products/servers"
+# Kapsule zones look like fr-par-1, nl-ams-3.
+_ZONE = re.compile(r"^[a-z]{2}-[a-z0-9]{2,8}-[0-9]{1,2}$")
 
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """One Kapsule pool as the autoscaler endpoint describes it."""
+    """One Kapsule pool as either endpoint describes it (the public one sends no capacity, allocatable or
+    price, and ``tags``, ``root_volume_size`` and ``kubelet_args`` besides)."""
 
     id: str
     name: str
@@ -59,6 +92,22 @@ class Pool:
     allocatable: Mapping[str, int]
     labels: Mapping[str, str]
     taints: Mapping[str, str]  # key -> "value:Effect" or "Effect"
+    tags: tuple[str, ...] = ()
+    root_volume_size: int | None = None  # bytes
+    max_pods: int | None = None  # kubelet_args.maxPods, when the pool sets it
+
+
+@dataclass(frozen=True, slots=True)
+class ServerType:
+    """One commercial type of the Instance product catalog."""
+
+    name: str  # the commercial type, e.g. PRO2-XXS
+    cpus: int
+    memory: int  # bytes
+    gpus: int
+    gpu_name: str  # gpu_info.gpu_name, e.g. L4; "" without GPUs
+    arch: str  # x86_64, arm64, arm
+    hourly_price: float | None  # EUR
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +184,8 @@ def is_auth_failure(status: int, body: Any) -> bool:
 
 
 class ScalewayClient:
-    """The four autoscaler endpoints on one HttpTransport. Thread-safe (the transport is)."""
+    """The four Kapsule endpoints of the configured mode (and, public, one pool and the catalog) on one
+    HttpTransport. Thread-safe (the transport is)."""
 
     def __init__(
         self,
@@ -151,7 +201,8 @@ class ScalewayClient:
             "scaleway",
             config.api_url,
             user_agent=f"{PROJECT_USER_AGENT} cluster-id/{config.cluster_id}",
-            auth=lambda _refresh: {"X-Auth-Token": secret},  # a static key: nothing to refresh
+            # A static key: a 401 refuses it for good, so the request is never repeated with it.
+            headers={"X-Auth-Token": secret},
             error_message=scaleway_error_message,
             retry=retry or RetryPolicy(attempts=config.max_attempts),
             breaker=breaker,
@@ -161,6 +212,8 @@ class ScalewayClient:
         )
         self._region = config.region
         self._cluster = config.cluster_id
+        self.public = config.public
+        self.routes = PUBLIC_ROUTES if config.public else PRIVATE_ROUTES
         # The nodes of the last complete listing, by id. A node that has not changed since is taken from
         # here, so a listing of a steady cluster keeps no new object past the page it came in on (a
         # 20,000-node listing otherwise holds 20,000 new nodes until its last page, and the process
@@ -172,11 +225,52 @@ class ScalewayClient:
 
     # ------------------------------------------------------------------ endpoints
     def list_pools(self, deadline: Deadline) -> Listing:
-        path = POOLS_ROUTE.format(region=self._region, cluster_id=self._cluster)
-        return self._paginate(path, POOLS_ROUTE, "pools", _parse_pool, deadline)
+        route = self.routes.pools
+        return self._paginate(
+            route.format(region=self._region, cluster_id=self._cluster), route, "pools", _parse_pool, deadline
+        )
+
+    def get_pool(self, pool_id: str, deadline: Deadline) -> Pool:
+        """One pool (public mode: the autoscaler endpoints have no single-pool GET)."""
+        _require_id("pool id", pool_id)
+        route = PUBLIC_ROUTES.pool
+        answer = self.transport.request(
+            "GET", route.format(region=self._region, pool_id=pool_id), endpoint=route, deadline=deadline
+        )
+        return _parse_pool(answer.body)
+
+    def list_server_types(self, zone: str, deadline: Deadline) -> dict[str, ServerType]:
+        """The Instance product catalog of one zone, by commercial type. Paged with ``page`` and ``per_page``;
+        the count is in the ``X-Total-Count`` header, not the body (recorded)."""
+        if not _ZONE.match(zone):
+            raise InvalidRequest(f"zone must look like fr-par-1, got {zone!r}")
+        path = SERVER_TYPES_ROUTE.format(zone=zone)
+        types: dict[str, ServerType] = {}
+        for page in range(1, MAX_PAGES + 1):
+            answer = self.transport.request(
+                "GET",
+                path,
+                endpoint=SERVER_TYPES_ROUTE,
+                deadline=deadline,
+                params={"page": page, "per_page": CATALOG_PAGE_SIZE},
+            )
+            body = answer.body
+            servers = body.get("servers") if isinstance(body, Mapping) else None
+            if not isinstance(servers, Mapping):
+                raise _malformed(SERVER_TYPES_ROUTE, f"page {page} has no 'servers' object")
+            for name, raw in servers.items():
+                try:
+                    types[str(name)] = _parse_server_type(str(name), raw)
+                except CloudUnavailable as err:  # one odd entry costs that type, not the catalog
+                    log.info("scaleway product catalog of %s: %s; that type is left out", zone, err)
+            total = _total_count(answer, body)
+            if not servers or len(servers) < CATALOG_PAGE_SIZE or (total is not None and len(types) >= total):
+                return types
+        raise _malformed(SERVER_TYPES_ROUTE, f"more than {MAX_PAGES} pages of {CATALOG_PAGE_SIZE}")
 
     def list_nodes(self, deadline: Deadline) -> Listing:
-        path = NODES_ROUTE.format(region=self._region, cluster_id=self._cluster)
+        route = self.routes.nodes
+        path = route.format(region=self._region, cluster_id=self._cluster)
         known = self._last_nodes
 
         def parse(raw: Any) -> Node:
@@ -184,34 +278,41 @@ class ScalewayClient:
             before = known.get(node.id)
             return before if before == node else node
 
-        listing = self._paginate(path, NODES_ROUTE, "nodes", parse, deadline)
+        listing = self._paginate(path, route, "nodes", parse, deadline)
         self._last_nodes = {node.id: node for node in listing.items}
         return listing
 
     def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool | None:
         """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer was empty
-        or a JSON object that is not a pool (the write is done all the same: docs/scaleway.md, "Writes")."""
+        or a JSON object that is not a pool (the write is done all the same: docs/reference/scaleway.md,
+        "Writes")."""
         _require_id("pool id", pool_id)
+        route = self.routes.pool
         answer = self.transport.request(
             "PATCH",
-            POOL_ROUTE.format(region=self._region, pool_id=pool_id),
-            endpoint=POOL_ROUTE,
+            route.format(region=self._region, pool_id=pool_id),
+            endpoint=route,
             deadline=deadline,
             json_body={"size": size},
         )
-        return _parse_write_answer(answer, _parse_pool, "PATCH " + POOL_ROUTE)
+        return _parse_write_answer(answer, _parse_pool, "PATCH " + route)
 
     def delete_node(self, node_id: str, deadline: Deadline) -> Node | None:
         """DELETE one node. Kapsule drains it and lowers its pool's size by one itself. The node as the
-        cloud answered it, or None when the 2xx answer was empty or not a node (the deletion is done)."""
+        cloud answered it, or None when the 2xx answer was empty or not a node (the deletion is done).
+
+        On the public endpoint the query carries ``skip_drain=false``, as Scaleway's SDKs always send it (the
+        field is documented as inactive): Kapsule drains the node first either way."""
         _require_id("node id", node_id)
+        route = self.routes.node
         answer = self.transport.request(
             "DELETE",
-            NODE_ROUTE.format(region=self._region, node_id=node_id),
-            endpoint=NODE_ROUTE,
+            route.format(region=self._region, node_id=node_id),
+            endpoint=route,
             deadline=deadline,
+            params={"skip_drain": "false"} if self.public else None,
         )
-        return _parse_write_answer(answer, _parse_node, "DELETE " + NODE_ROUTE)
+        return _parse_write_answer(answer, _parse_node, "DELETE " + route)
 
     # ------------------------------------------------------------------ paging
     def _paginate(
@@ -257,6 +358,15 @@ class ScalewayClient:
 
 def _malformed(route: str, why: str) -> CloudUnavailable:
     return CloudUnavailable(f"malformed answer from scaleway API {route}: {why}")
+
+
+def _total_count(answer: JsonResponse, body: Any) -> int | None:
+    """The item count of a paged answer: ``total_count`` in the body, else the ``X-Total-Count`` header."""
+    raw: Any = body.get("total_count") if isinstance(body, Mapping) else None
+    if raw is None:
+        header = answer.headers.get("X-Total-Count")
+        raw = int(header) if header and header.strip().isdigit() else None
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
 
 
 def _require_id(what: str, value: str) -> None:
@@ -307,6 +417,22 @@ class _Fields:
             raise _malformed(self.what, f"{name!r} is {value!r}, not an integer")
         return value
 
+    def whole_or_none(self, name: str) -> int | None:
+        value = self.raw.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _malformed(self.what, f"{name!r} is {value!r}, not a whole number")
+        return value
+
+    def strings(self, name: str) -> list[str]:
+        value = self.raw.get(name)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise _malformed(self.what, f"{name!r} is not a list of strings")
+        return list(value)
+
     def number(self, name: str) -> float | None:
         value = self.raw.get(name)
         if value is None:
@@ -352,6 +478,30 @@ def _parse_pool(raw: Any) -> Pool:
         allocatable=f.mapping("allocatable", int),
         labels=f.mapping("labels", str),
         taints=_taints(f),
+        tags=tuple(f.strings("tags")),
+        root_volume_size=f.whole_or_none("root_volume_size"),
+        max_pods=_max_pods(f),
+    )
+
+
+def _max_pods(f: _Fields) -> int | None:
+    """``kubelet_args.maxPods`` (a string map on the public pool), when it is a positive number."""
+    value = f.mapping("kubelet_args", str).get("maxPods", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _parse_server_type(name: str, raw: Any) -> ServerType:
+    f = _Fields(raw, f"server type {name}")
+    gpu_info = raw.get("gpu_info")
+    gpu_name = gpu_info.get("gpu_name") if isinstance(gpu_info, Mapping) else None
+    return ServerType(
+        name=name,
+        cpus=f.integer("ncpus"),
+        memory=f.integer("ram"),
+        gpus=f.whole_or_none("gpu") or 0,
+        gpu_name=gpu_name if isinstance(gpu_name, str) else "",
+        arch=f.text("arch"),
+        hourly_price=f.number("hourly_price"),
     )
 
 

@@ -1,4 +1,5 @@
-"""Kapsule node status -> instance state, as upstream ``fromScwStatus`` maps it (docs/scaleway.md, "Status mapping").
+"""Kapsule node status -> instance state, as upstream ``fromScwStatus`` maps it (docs/reference/scaleway.md,
+"Status mapping").
 
 Two deliberate differences from upstream:
 - every error carries an ``ErrorClass`` (upstream leaves it 0, which the CA core treats as neither
@@ -37,7 +38,8 @@ def instance_status(status: str, error_message: str = "") -> tuple[InstanceState
     if status in DELETING_STATUSES:
         return InstanceState.DELETING, None
     if status == "creation_error":
-        # CREATING + error is what the CA core treats as a failed scale-up (docs/protocol.md, "Instance status").
+        # CREATING + error is what the CA core treats as a failed scale-up (docs/reference/protocol.md, "Instance
+        # status").
         error_class = ErrorClass.OUT_OF_RESOURCES if _OUT_OF_RESOURCES.search(error_message) else ErrorClass.OTHER
         return InstanceState.CREATING, InstanceError(
             "creation_error", error_message or "scaleway node could not be created", error_class

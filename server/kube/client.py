@@ -7,7 +7,7 @@ Every feature goes through ``request``, ``request_bytes`` and ``stream_lines``: 
 ``ApiClient`` (kubeconfig or service-account credentials, TLS, the bearer token and its refresh, the
 urllib3 pool) and hand back the answer's JSON or bytes. No generated API class (``CoreV1Api``,
 ``CoordinationV1Api``) and no model class is imported or built: importing one API class loads about 250
-model modules, about 21 MiB of RSS (docs/kubernetes.md, "Memory and CPU"), and every answer would be
+model modules, about 21 MiB of RSS (docs/evidence/kubernetes-features.md, "Memory and CPU"), and every answer would be
 turned into model objects. The bodies sent are the API's JSON, written as plain dicts.
 """
 

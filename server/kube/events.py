@@ -51,7 +51,7 @@ COMPONENT = "ca-externalgrpc"
 NORMAL = "Normal"
 WARNING = "Warning"
 
-# Reasons (CamelCase, as the cluster-autoscaler names its own); docs/kubernetes.md has the table.
+# Reasons (CamelCase, as the cluster-autoscaler names its own); docs/reference/kubernetes-features.md has the table.
 SCALED_UP_GROUP = "ScaledUpGroup"  # IncreaseSize applied
 SCALED_DOWN_GROUP = "ScaledDownGroup"  # DecreaseTargetSize applied
 DELETED_NODES = "DeletedNodes"  # DeleteNodes applied

@@ -48,15 +48,23 @@ class LeaderElectionConfig(ConfigModel):
     """Two or more replicas: only the holder of a coordination.k8s.io Lease writes to the clouds."""
 
     enabled: Flag = False
+    """Two or more replicas: only the holder of the Lease writes to the clouds and answers the CA; the
+    others keep their snapshots warm and fail `/readyz`."""
     lease_name: str = "ca-externalgrpc"
+    """The `coordination.k8s.io` Lease the replicas compete for."""
     lease_duration: duration(2, 600) = 15.0  # type: ignore[valid-type]
+    """How long a Lease nobody renews stays taken before another replica may take it over."""
     renew_deadline: duration(1, 600) = 10.0  # type: ignore[valid-type]
+    """The leader stops writing when it could not renew the Lease for this long; shorter than
+    `lease_duration`, so it stops before another replica may take over."""
     retry_period: duration(0.1, 60) = 2.0  # type: ignore[valid-type]
-    # While this replica does not lead, a gRPC connection is sent away (GOAWAY) once it has been open this
-    # long and the replica has not led for this long: /readyz fails at once, and by then the kubelet has
-    # seen it (readinessProbe periodSeconds 2s + timeout 1s) and the Service's endpoints dropped it
-    # (about 2s), so the client's reconnection reaches the leader (docs/kubernetes.md).
+    """How often a replica tries to take or renew the Lease; shorter than `renew_deadline`."""
     follower_connection_age: duration(0.5, 600) = 5.0  # type: ignore[valid-type]
+    """A replica that stops leading fails `/readyz` at once and this long after sends every gRPC connection
+    it holds away (GOAWAY); one that arrives later, while it still does not lead, goes 1 s after it opened.
+    Long enough for the readiness probe to see the replica unready and the Service's endpoints to drop it
+    (about 5s with the shipped probe), at most `lease_duration - renew_deadline`, so that the CA's
+    reconnection reaches the leader."""
     _name = field_validator("lease_name", mode="before")(kube_object_name)
 
     @classmethod
@@ -106,7 +114,10 @@ class JournalConfig(ConfigModel):
     """In-flight and unknown-outcome size changes recorded in a ConfigMap before the cloud call."""
 
     enabled: Flag = False
+    """Record each size change in a ConfigMap before the cloud call, so that a restarted server or a new
+    leader recognises the CA's retry of a change whose answer was lost instead of applying it twice."""
     configmap: str = "ca-externalgrpc-journal"
+    """The ConfigMap of the journal, in `kubernetes.namespace`."""
     _name = field_validator("configmap", mode="before")(kube_object_name)
 
 
@@ -135,18 +146,22 @@ class LearnedTemplatesConfig(ConfigModel):
     """Templates for scale-from-zero learned from the Node objects of each group's real nodes."""
 
     enabled: Flag = False
-    # One ConfigMap per backend: <configmap_prefix>-<backend name>, one key per node group.
+    """Learn each group's scale-from-zero template from the Node objects of its real nodes, and keep it in
+    a ConfigMap across restarts."""
     configmap_prefix: str = "ca-externalgrpc-templates"
-    # A backend's ConfigMap is written at most this often (a rolling node upgrade changes many nodes).
+    """One ConfigMap per backend, `<configmap_prefix>-<backend name>`, one key per node group."""
     min_write_interval: duration(0, 3600) = 30.0  # type: ignore[valid-type]
-    # Labels of a real node kept for its group besides the built-in list (providers/node_labels.py), by
-    # learned templates and, even when they are off, in the cloud's template from the nodes NodeGroupForNode
-    # shows (docs/kubernetes.md): keys, or prefixes ending in "/".
+    """A backend's ConfigMap is written at most this often (a rolling node upgrade changes many nodes)."""
     labels: list[str] = Field(default_factory=list)
-    # Taints learned from a node (the pool's own always come from the cloud): keys, or prefixes ending in "/".
+    """Labels of a real node kept for its group besides the built-in list, by learned templates and, even
+    when they are off, in the cloud's template from the nodes `NodeGroupForNode` shows: keys, or prefixes
+    ending in `/`."""
     taints: list[str] = Field(default_factory=list)
-    # The record of a node group the cloud has not listed for this long is deleted (memory and ConfigMap).
+    """Taints learned from a node (the pool's own always come from the cloud): keys, or prefixes ending in
+    `/`."""
     forget_after: duration(0, 30 * 86400) = 3600.0  # type: ignore[valid-type]
+    """The record of a node group the cloud has not listed for this long is deleted, in memory and in the
+    ConfigMap."""
     _name = field_validator("configmap_prefix", mode="before")(kube_object_name)
     _patterns = field_validator("labels", "taints", mode="before")(key_patterns)
 
@@ -155,32 +170,42 @@ class EventsConfig(ConfigModel):
     """Kubernetes Events for scale actions, failed cloud writes and backends going stale or fresh."""
 
     enabled: Flag = False
-    # The object the Events are about (a ConfigMap the server keeps in its namespace).
+    """Kubernetes Events for scale actions, failed cloud writes and backends going stale or fresh, and a
+    status ConfigMap that `kubectl describe` shows them on."""
     object_name: str = "ca-externalgrpc-status"
-    # Token bucket per (reason, object): at most ``burst`` API writes at once, then one per refill_interval.
+    """The object the Events are about: a ConfigMap the server keeps in its namespace."""
     burst: whole_number(1, 1000, 25) = 25  # type: ignore[valid-type]
+    """Events written at once for one reason and object (a token bucket), then one per
+    `refill_interval`."""
     refill_interval: duration(0.1, 3600) = 10.0  # type: ignore[valid-type]
-    # A repeat of the same reason and message within this window grows the existing Event's count.
+    """How often the Event token bucket gains one token."""
     aggregation_window: duration(1, 86400) = 600.0  # type: ignore[valid-type]
-    # The status ConfigMap is rewritten on change, at most once per this interval.
+    """A repeat of the same reason and message within this window grows the count of the Event already
+    written."""
     status_interval: duration(1, 3600) = 10.0  # type: ignore[valid-type]
+    """The status ConfigMap is rewritten on change, at most once per this interval."""
     _name = field_validator("object_name", mode="before")(kube_object_name)
 
 
 class KubernetesConfig(ConfigModel):
-    # A kubeconfig file; unset: the pod's service account (in-cluster configuration).
     kubeconfig: str | None = None
-    # Where the Lease, ConfigMaps and Events live; unset: the pod's namespace, else kube-system.
+    """A kubeconfig file; unset: the pod's service account (in-cluster configuration)."""
     namespace: str | None = None
-    # This replica's name in Events, the journal and refusals, and (with a suffix unique to the process)
-    # in the Lease; unset: $POD_NAME, else the host name.
+    """Where the Lease, the ConfigMaps and the Events live; unset: the pod's namespace, else `kube-system`."""
     identity: str | None = None
-    # Each call to the API server gives up after this long.
+    """This replica's name in Events, the journal and refusals, and (with a suffix unique to the process) in
+    the Lease; unset: `$POD_NAME`, else the host name."""
     request_timeout: duration(0.1, 60) = 5.0  # type: ignore[valid-type]
+    """Each call to the Kubernetes API server gives up after this long; the feature degrades and the
+    autoscaling goes on."""
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+    """Two or more replicas: only the holder of a `coordination.k8s.io` Lease writes to the clouds."""
     journal: JournalConfig = Field(default_factory=JournalConfig)
+    """In-flight and unknown-outcome size changes recorded in a ConfigMap before the cloud call."""
     learned_templates: LearnedTemplatesConfig = Field(default_factory=LearnedTemplatesConfig)
+    """Templates for scale-from-zero learned from the Node objects of each group's real nodes."""
     events: EventsConfig = Field(default_factory=EventsConfig)
+    """Kubernetes Events for scale actions, failed cloud writes and backends going stale or fresh."""
 
     @property
     def any_enabled(self) -> bool:

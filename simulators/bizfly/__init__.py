@@ -1,4 +1,4 @@
-"""A faithful simulator of the Bizfly Cloud Kubernetes Engine API (docs/bizfly.md, "The simulator")."""
+"""A faithful simulator of the Bizfly Cloud Kubernetes Engine API (docs/reference/bizfly.md, "The simulator")."""
 
 from simulators.bizfly.api import (
     ROUTE_CATALOG,

@@ -17,6 +17,8 @@ from simulators.bizfly.state import BizflyState, InvalidUpdate, PoolUpdate, Reso
 from simulators.common.http import JsonApiServer, SimError, SimRequest, SimResponse
 
 K8S_PREFIX = "/api/kubernetes-engine"
+# Another region's Kubernetes Engine, where the catalog points for it: ``/<region slug>/api/kubernetes-engine``.
+REGIONAL_K8S_PREFIX = "/{region_slug}" + K8S_PREFIX
 
 # Route names, as used by fault injection and the request log.
 ROUTE_TOKEN = "token"
@@ -58,9 +60,9 @@ class CatalogSettings:
             return self._region, self._others
 
     def services(self, base_url: str) -> list[dict[str, Any]]:
-        """The catalog entries. Other regions come first and point at paths this simulator does not
-        serve, so a client that takes the first ``kubernetes_engine`` entry without comparing the
-        region gets 404s instead of silently working."""
+        """The catalog entries. Other regions come first, each pointing at its own Kubernetes Engine, which
+        holds only the clusters a scenario puts in that region: a client that takes the first
+        ``kubernetes_engine`` entry without comparing the region gets 404s instead of silently working."""
         region, others = self.get()
         entries: list[dict[str, Any]] = []
         for other in others:
@@ -126,14 +128,16 @@ class BizflyApi:
     def register(self, server: JsonApiServer) -> None:
         server.route("POST", "/api/token", ROUTE_TOKEN, self.create_token)
         server.route("GET", "/api/auth/service", ROUTE_CATALOG, self.service_catalog)
-        server.route("GET", f"{K8S_PREFIX}/_/", ROUTE_LIST_CLUSTERS, self.list_clusters)
-        server.route("GET", f"{K8S_PREFIX}/_", ROUTE_LIST_CLUSTERS, self.list_clusters)
-        server.route("GET", f"{K8S_PREFIX}/_/{{cluster_uid}}", ROUTE_GET_CLUSTER, self.get_cluster)
-        server.route("GET", f"{K8S_PREFIX}/_/{{cluster_uid}}/{{pool_id}}", ROUTE_GET_POOL, self.get_pool)
-        server.route("PATCH", f"{K8S_PREFIX}/_/{{cluster_uid}}/{{pool_id}}", ROUTE_UPDATE_POOL, self.update_pool)
-        server.route(
-            "DELETE", f"{K8S_PREFIX}/_/{{cluster_uid}}/{{pool_id}}/{{node_id}}", ROUTE_DELETE_NODE, self.delete_node
-        )
+        # The catalog's own region first, then the other regions it lists, each with the clusters put there.
+        for prefix in (K8S_PREFIX, REGIONAL_K8S_PREFIX):
+            server.route("GET", f"{prefix}/_/", ROUTE_LIST_CLUSTERS, self.list_clusters)
+            server.route("GET", f"{prefix}/_", ROUTE_LIST_CLUSTERS, self.list_clusters)
+            server.route("GET", f"{prefix}/_/{{cluster_uid}}", ROUTE_GET_CLUSTER, self.get_cluster)
+            server.route("GET", f"{prefix}/_/{{cluster_uid}}/{{pool_id}}", ROUTE_GET_POOL, self.get_pool)
+            server.route("PATCH", f"{prefix}/_/{{cluster_uid}}/{{pool_id}}", ROUTE_UPDATE_POOL, self.update_pool)
+            server.route(
+                "DELETE", f"{prefix}/_/{{cluster_uid}}/{{pool_id}}/{{node_id}}", ROUTE_DELETE_NODE, self.delete_node
+            )
 
     # ----- auth -----------------------------------------------------------------------------------------
     def create_token(self, request: SimRequest) -> SimResponse:
@@ -181,24 +185,45 @@ class BizflyApi:
             raise SimError(403, f"You are not allowed to act in project {project_id}")
         return project_id
 
+    # ----- regions ----------------------------------------------------------------------------------------
+    def _serves(self, request: SimRequest) -> Callable[[str], bool]:
+        """Which clusters (by their ``region``) the endpoint a request reached holds. The path of a region the
+        catalog does not list is not served (404, as before regions had endpoints of their own)."""
+        own, others = self.catalog.get()
+        slug = request.params.get("region_slug")
+        if slug is None:
+            return lambda region: not region or _region_slug(region) == _region_slug(own)
+        if slug not in {_region_slug(other) for other in others if other != own}:
+            raise SimError(404, f"no route for {request.method} {request.path}")
+        return lambda region: bool(region) and _region_slug(region) == slug
+
+    def _in_region(self, request: SimRequest) -> None:
+        """A cluster put in another region than the endpoint's is not found there."""
+        region = self.state.cluster_region(request.params["cluster_uid"])
+        if region is not None and not self._serves(request)(region):
+            raise SimError(404, f"Cluster {request.params['cluster_uid']} not found")
+
     # ----- Kubernetes Engine ----------------------------------------------------------------------------
     def list_clusters(self, request: SimRequest) -> SimResponse:
         project = self._authenticate(request)
-        return SimResponse(200, {"clusters": self.state.list_clusters_json(project)})
+        return SimResponse(200, {"clusters": self.state.list_clusters_json(project, self._serves(request))})
 
     def get_cluster(self, request: SimRequest) -> SimResponse:
         project = self._authenticate(request)
+        self._in_region(request)
         with state_errors():
             return SimResponse(200, self.state.cluster_json(request.params["cluster_uid"], project))
 
     def get_pool(self, request: SimRequest) -> SimResponse:
         project = self._authenticate(request)
+        self._in_region(request)
         params = request.params
         with state_errors():
             return SimResponse(200, self.state.pool_json(params["cluster_uid"], params["pool_id"], project))
 
     def update_pool(self, request: SimRequest) -> SimResponse:
         project = self._authenticate(request)
+        self._in_region(request)
         with state_errors():
             # ``{}`` is what gobizfly sends for a target of 0 (omitempty); it is a valid no-op.
             update = PoolUpdate.from_json(request.body)
@@ -207,6 +232,7 @@ class BizflyApi:
 
     def delete_node(self, request: SimRequest) -> SimResponse:
         project = self._authenticate(request)
+        self._in_region(request)
         force = request.query.get("force", "").lower() in ("true", "1", "yes")
         params = request.params
         with state_errors():

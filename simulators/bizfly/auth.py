@@ -1,4 +1,4 @@
-"""Bizfly token issuance and checking (docs/bizfly.md, "Authentication").
+"""Bizfly token issuance and checking (docs/reference/bizfly.md, "Authentication").
 
 Tokens are opaque strings with an expiry on the simulator clock. Both spellings of the application
 credential fields are accepted: gobizfly sends ``credential_id``/``credential_secret``, the Bizfly docs

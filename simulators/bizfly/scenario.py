@@ -26,6 +26,7 @@ A scenario is a plain dict (or a YAML file with the same shape)::
         name: demo
         kubernetes_version: 1.30.4
         project_id: ...            # optional; the account's default project
+        region: HCM                # optional; one of catalog.other_regions, served at /<region>/api/...
         pools:
           - id: 5f959e0ac0b18944d0a4f13a   # optional
             name: general
@@ -174,6 +175,7 @@ def populate(state: BizflyState, scenario: Mapping[str, Any]) -> None:
                 uid=cluster_spec.get("uid"),
                 kubernetes_version=str(cluster_spec.get("kubernetes_version", "1.30.4")),
                 project_id=None if cluster_spec.get("project_id") is None else str(cluster_spec["project_id"]),
+                region=str(cluster_spec.get("region") or ""),
             )
             for pool_index, pool_spec in enumerate(cluster_spec.get("pools") or []):
                 _add_pool(state, cluster.uid, pool_spec, f"{where}.pools[{pool_index}]")

@@ -185,7 +185,8 @@ class BizflySimulator:
 
     def set_catalog_regions(self, region: str, other_regions: Sequence[str] | None = None) -> None:
         """Spell the simulator's own region as ``region`` in the catalog (``HN``, ``hn``, ``HaNoi``...);
-        ``other_regions`` are decoy entries whose URLs this simulator does not serve."""
+        ``other_regions`` are listed first, each with a Kubernetes Engine of its own that holds the clusters
+        put in that region (``clusters[].region``)."""
         self.catalog.set(region, other_regions)
 
     # ----- control API ------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Everything here is plain Python guarded by one lock; HTTP lives in ``api.py``. A
 transitions are evaluated lazily against the simulator clock (``reconcile``) on every read or write, so a
 test that advances a manual clock sees exactly the transitions that are due and nothing else.
 
-Where the real API is not known (docs/bizfly.md, "The simulator") the choices below are the simulator's,
+Where the real API is not known (docs/reference/bizfly.md, "The simulator") the choices below are the simulator's,
 and are stated where they are made.
 """
 
@@ -52,7 +52,7 @@ class StatusVocabulary:
 
     By default the words of the OpenStack Senlin cluster behind each Bizfly worker pool (a pool has an
     ``autoscaling_group_id``; its nodes read "Creation succeeded", Senlin's own reason), from Senlin's
-    node status list and node life cycle (docs/bizfly.md, "Evidence"): ``INIT`` -> ``CREATING`` ->
+    node status list and node life cycle (docs/reference/bizfly.md, "Evidence"): ``INIT`` -> ``CREATING`` ->
     ``ACTIVE``, ``DELETING``, ``ERROR`` with "Failed in creating server: ..." for a failed creation and
     "Check: Node is not ACTIVE." for a failed health check, and ``WARNING``, ``UPDATING``,
     ``RECOVERING``, ``OPERATING`` for a node that exists. Two older vocabularies stay as scenario options:
@@ -116,7 +116,7 @@ VOCABULARIES = {"senlin": SENLIN_VOCABULARY, "provisioning": PROVISIONING_VOCABU
 
 @dataclass(frozen=True)
 class ApiShapes:
-    """How the answers are shaped. The defaults follow the evidence (docs/bizfly.md, "Evidence"); each
+    """How the answers are shaped. The defaults follow the evidence (docs/reference/bizfly.md, "Evidence"); each
     other value is an older shape of this simulator, kept for the test that names it."""
 
     # created_at as the API writes it: naive ISO 8601 with microseconds ("naive"), or with a "Z" ("utc").
@@ -262,6 +262,7 @@ class Cluster:
     created_by: str
     private_network_id: str
     project_id: str
+    region: str = ""  # "" for the catalog's own region; else the catalog's spelling of another region
     pools: dict[str, Pool] = field(default_factory=dict)  # insertion order is API order
 
     def to_json(self, now: float, shapes: ApiShapes) -> dict[str, Any]:
@@ -428,6 +429,7 @@ class BizflyState:
         kubernetes_version: str = "1.30.4",
         created_by: str = "user@example.com",
         project_id: str | None = None,
+        region: str = "",
     ) -> Cluster:
         with self._lock:
             cluster = Cluster(
@@ -438,6 +440,7 @@ class BizflyState:
                 created_by=created_by,
                 private_network_id=self._ids.uuid(),
                 project_id=project_id or self.default_project,
+                region=region,
             )
             if cluster.uid in self._clusters:
                 raise ValueError(f"duplicate cluster uid {cluster.uid!r}")
@@ -522,13 +525,23 @@ class BizflyState:
         )
 
     # ----- reads ----------------------------------------------------------------------------------------
-    def list_clusters_json(self, project_id: str | None = None) -> list[dict[str, Any]]:
-        """The clusters of ``project_id`` (every project's when None)."""
+    def cluster_region(self, cluster_uid: str) -> str | None:
+        """The region a cluster was put in ("" for the catalog's own), None for an unknown cluster."""
+        with self._lock:
+            cluster = self._clusters.get(cluster_uid)
+            return None if cluster is None else cluster.region
+
+    def list_clusters_json(
+        self, project_id: str | None = None, in_region: Callable[[str], bool] | None = None
+    ) -> list[dict[str, Any]]:
+        """The clusters of ``project_id`` (every project's when None) whose region ``in_region`` accepts."""
         with self._lock:
             self.reconcile()
             result = []
             for cluster in self._clusters.values():
                 if project_id is not None and cluster.project_id != project_id:
+                    continue
+                if in_region is not None and not in_region(cluster.region):
                     continue
                 body = cluster.to_json(self._now(), self.shapes)
                 del body["worker_pools"]  # the cluster list carries no pools
@@ -792,7 +805,7 @@ class BizflyState:
 
 
 def k8s_identity(node: Node, pool: Pool) -> dict[str, Any]:
-    """How the Kubernetes Node for a pool node is identified (docs/bizfly.md, "Instances"). The kubelet
+    """How the Kubernetes Node for a pool node is identified (docs/reference/bizfly.md, "Instances"). The kubelet
     registers the host name in lower case; the pool lists the server's name as Senlin made it."""
     return {
         "name": node.name.lower(),

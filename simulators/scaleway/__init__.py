@@ -1,4 +1,4 @@
-"""A faithful simulator of the Scaleway Kapsule private autoscaler API (docs/scaleway.md, "The simulator")."""
+"""A faithful simulator of the Scaleway Kapsule private autoscaler API (docs/reference/scaleway.md, "The simulator")."""
 
 from simulators.scaleway.scenarios import demo_scenario, generated_cluster, load_scenario_file
 from simulators.scaleway.simulator import ScalewaySimulator

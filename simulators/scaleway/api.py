@@ -1,7 +1,7 @@
 """The HTTP face of the simulated Kapsule: the four private autoscaler endpoints and Scaleway errors.
 
-Endpoints and shapes are those of docs/scaleway.md, "Endpoints used"; errors follow what recorded traffic
-of the real API shows (docs/scaleway.md, "Evidence"): the services' typed bodies (``{"message", "type",
+Endpoints and shapes are those of docs/reference/scaleway.md, "Endpoints used"; errors follow what recorded traffic
+of the real API shows (docs/reference/scaleway.md, "Evidence"): the services' typed bodies (``{"message", "type",
 ...}``, ``resource`` named ``pool``, ``cluster``, ``node``), the gateway's bare ``{"message": ...}`` for
 server errors and unknown routes, and its rate limiter's 429 with no body, no content type and no
 ``Retry-After``, only ``X-Envoy-Ratelimited: true``. ``Behaviour.error_shapes: typed`` brings back the
@@ -99,12 +99,17 @@ def authentication_denied(reason: str = "invalid_argument") -> dict[str, Any]:
     }
 
 
+def permissions_denied() -> dict[str, Any]:
+    """The IAM refusal as recorded (403; ``details`` is empty or names a resource and an action)."""
+    return {"details": [], "message": "insufficient permissions", "type": "permissions_denied"}
+
+
 def rate_limit_headers(remaining: int, reset_in: float) -> dict[str, str]:
     # Scaleway's Go SDK reads these next to Retry-After on a 429.
     return {"X-Ratelimit-Remaining": str(remaining), "X-Ratelimit-Reset": str(max(1, int(reset_in + 0.999)))}
 
 
-def _as_sim_error(exc: ScalewaySimError) -> SimError:
+def as_sim_error(exc: ScalewaySimError) -> SimError:
     body: dict[str, Any]
     if isinstance(exc, NotFound):
         body = {
@@ -146,7 +151,7 @@ def _as_sim_error(exc: ScalewaySimError) -> SimError:
     return SimError(500, str(exc))
 
 
-def _int_argument(query: dict[str, str], name: str, default: int, low: int, high: int | None) -> int:
+def int_argument(query: dict[str, str], name: str, default: int, low: int, high: int | None) -> int:
     raw = query.get(name)
     if raw is None or raw == "":
         return default
@@ -168,10 +173,27 @@ class ScalewayApi:
         self.secret_key = secret_key
 
     def register(self, server: JsonApiServer) -> None:
-        server.route("GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_LIST_POOLS, self.list_pools)
-        server.route("PATCH", AUTOSCALER_PREFIX + "/pools/{pool_id}", ROUTE_UPDATE_POOL, self.update_pool)
-        server.route("GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/nodes", ROUTE_LIST_NODES, self.list_nodes)
-        server.route("DELETE", AUTOSCALER_PREFIX + "/nodes/{node_id}", ROUTE_DELETE_NODE, self.delete_node)
+        private = self.private
+        server.route(
+            "GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_LIST_POOLS, private(self.list_pools)
+        )
+        server.route("PATCH", AUTOSCALER_PREFIX + "/pools/{pool_id}", ROUTE_UPDATE_POOL, private(self.update_pool))
+        server.route(
+            "GET", AUTOSCALER_PREFIX + "/clusters/{cluster_id}/nodes", ROUTE_LIST_NODES, private(self.list_nodes)
+        )
+        server.route("DELETE", AUTOSCALER_PREFIX + "/nodes/{node_id}", ROUTE_DELETE_NODE, private(self.delete_node))
+
+    def private(self, handler: Callable[[SimRequest], SimResponse]) -> Callable[[SimRequest], SimResponse]:
+        """An autoscaler route: the key is checked first (401), then ``Behaviour.private_endpoints`` decides
+        whether the private endpoints serve an accepted key or refuse it with Scaleway's recorded IAM 403."""
+
+        def serve(request: SimRequest) -> SimResponse:
+            self.authenticate(request)
+            if self.state.behaviour.private_endpoints == "refused":
+                raise SimError(403, "insufficient permissions", body=permissions_denied())
+            return handler(request)
+
+        return serve
 
     # -- common checks ------------------------------------------------------------------------------
 
@@ -183,12 +205,12 @@ class ScalewayApi:
 
     def _check_region(self, region: str) -> None:
         if not self.state.known_region(region):
-            raise _as_sim_error(NotFound("region", region))
+            raise as_sim_error(NotFound("region", region))
 
     def paging(self, request: SimRequest) -> tuple[int, int]:
         behaviour = self.state.behaviour
-        page = _int_argument(request.query, "page", 1, 1, None)
-        page_size = _int_argument(request.query, "page_size", behaviour.default_page_size, 1, behaviour.max_page_size)
+        page = int_argument(request.query, "page", 1, 1, None)
+        page_size = int_argument(request.query, "page_size", behaviour.default_page_size, 1, behaviour.max_page_size)
         return page, page_size
 
     def list_headers(self) -> dict[str, str]:
@@ -201,7 +223,7 @@ class ScalewayApi:
             self._check_region(request.params["region"])
             return operation()
         except ScalewaySimError as exc:
-            raise _as_sim_error(exc) from exc
+            raise as_sim_error(exc) from exc
 
     # -- endpoints -------------------------------------------------------------------------------------
 

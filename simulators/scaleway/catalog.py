@@ -1,6 +1,6 @@
 """Node types the simulated Kapsule knows, and the per-pool template data derived from them.
 
-Units (not confirmed by Scaleway; docs/scaleway.md, "The simulator"): ``capacity`` and ``allocatable``
+Units (not confirmed by Scaleway; docs/reference/scaleway.md, "The simulator"): ``capacity`` and ``allocatable``
 are in WHOLE units, exactly as the upstream provider decodes them (``resource.NewQuantity(v,
 DecimalSI)``): ``cpu`` in cores, ``memory`` and ``ephemeral-storage`` in bytes, ``pods`` and GPUs as
 counts. Prices are approximate list prices in EUR per hour; they only need to be plausible and distinct.
@@ -8,6 +8,7 @@ counts. Prices are approximate list prices in EUR per hour; they only need to be
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 GIB = 1024**3
@@ -81,6 +82,49 @@ def commercial_type(name: str) -> str:
     return name.strip().upper().replace("_", "-")
 
 
+# Kapsule copies a pool's tags onto its servers and labels and taints the nodes from them as Scaleway's
+# cloud-controller-manager documents (its docs/tags.md). Written here apart from the server's reading
+# (providers/scaleway/templates.py) on purpose: the simulator plays Kapsule, and a reading the two shared
+# could not be caught wrong by a scenario.
+_SEPARATORS = re.compile(r"[ :=]+")
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _label_of_tag(tag: str) -> tuple[str, str] | None:
+    prefix = "k8s.scaleway.com/"
+    if tag.startswith("noprefix="):
+        tag = tag.removeprefix("noprefix=")
+        domain, slash, rest = tag.rpartition("/")
+        if slash and (not domain or "/" in domain):
+            return None
+        prefix, tag = (domain + "/" if slash else ""), rest
+    key, *values = _SEPARATORS.split(tag)
+    value = values[0] if values else ""
+    if not (0 < len(key) <= 63 and _NAME.match(key)) or (value and not (len(value) <= 63 and _NAME.match(value))):
+        return None
+    return prefix + key, value
+
+
+def tag_node_labels(tags: list[str]) -> dict[str, str]:
+    """The labels a node of a pool with these tags gets (``k8s.scaleway.com/<key>``, or as is after ``noprefix=``)."""
+    found = (_label_of_tag(t) for t in tags if not t.startswith("taint="))
+    return dict(label for label in found if label is not None)
+
+
+def tag_node_taints(tags: list[str]) -> dict[str, str]:
+    """The taints (``key -> "value:Effect"``) a node of a pool with these tags gets, from ``taint=`` tags."""
+    taints = {}
+    for tag in tags:
+        body, _, effect = tag.removeprefix("taint=").rpartition(":")
+        if not tag.startswith("taint=") or effect not in _EFFECTS:
+            continue
+        label = _label_of_tag(body.replace(":", ""))
+        if label is not None:
+            taints[label[0]] = f"{label[1]}:{effect}" if label[1] else effect
+    return taints
+
+
 def kubernetes_labels(
     *,
     node_type: str,
@@ -92,10 +136,12 @@ def kubernetes_labels(
     region: str,
     zone: str,
     pool_labels: dict[str, str],
+    pool_tags: list[str] | None = None,
 ) -> dict[str, str]:
     """The labels of a real Kapsule node's Kubernetes Node, from who puts them there:
 
     - the pool's own ``labels`` (Kapsule hands them to the kubelet);
+    - the labels of the pool's ``tags`` (``tag_node_labels``);
     - the kubelet: hostname, os and arch (and their ``beta.`` twins);
     - Scaleway's cloud-controller-manager: the instance type (the machine's commercial type, in the
       stable and ``beta.`` keys), region and zone (stable and ``failure-domain.beta.`` keys), and one
@@ -111,7 +157,7 @@ def kubernetes_labels(
         else ("arm64" if commercial_type(node_type).startswith(("COPARM1", "AMP2")) else "amd64")
     )
     instance = commercial_type(node_type)
-    labels = dict(pool_labels)
+    labels = {**tag_node_labels(pool_tags or []), **pool_labels}
     labels.update(
         {
             "kubernetes.io/hostname": node_name,

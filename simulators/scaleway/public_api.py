@@ -1,7 +1,9 @@
-"""Optional public Kapsule and Instance endpoints, not used by this server, for an SDK-style
-client or a public-API fallback. They share the state, auth and errors of the autoscaler endpoints but
-speak the public shapes: taints as ``[{key, value, effect}]``, no capacity or price in pools, nodes
-with ``error_message``/``conditions``/``region``, and node-type specs from the Instance product list.
+"""Kapsule's public pool and node endpoints and the Instance product list, which the server's public mode
+calls (docs/reference/scaleway.md, "Public mode"). They share the state, auth, faults and errors of the autoscaler
+endpoints but speak the public shapes, as recorded: taints as ``[{key, value, effect}]``, ``tags``,
+``root_volume_size`` and ``kubelet_args``, no capacity or price in pools; nodes with
+``error_message``/``conditions``/``region``; the product list paged 50 types at a time unless asked for up
+to 100, its count in ``X-Total-Count`` (not in the body) and the pages in a ``Link`` header.
 """
 
 from __future__ import annotations
@@ -9,13 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from simulators.common.http import JsonApiServer, SimRequest, SimResponse
-from simulators.scaleway.api import ScalewayApi
+from simulators.scaleway.api import ScalewayApi, as_sim_error, int_argument
 from simulators.scaleway.catalog import NODE_TYPES
 from simulators.scaleway.state import (
     HELD_POOL_STATUSES,
     ArgumentProblem,
+    Cluster,
     InvalidArguments,
     Node,
+    NotFound,
     Pool,
     ScalewayState,
     TransientState,
@@ -23,6 +27,7 @@ from simulators.scaleway.state import (
 )
 
 PUBLIC_PREFIX = "/k8s/v1/regions/{region}"
+ROUTE_PUBLIC_GET_CLUSTER = "public_get_cluster"
 ROUTE_PUBLIC_LIST_POOLS = "public_list_pools"
 ROUTE_PUBLIC_GET_POOL = "public_get_pool"
 ROUTE_PUBLIC_UPDATE_POOL = "public_update_pool"
@@ -32,6 +37,9 @@ ROUTE_PUBLIC_DELETE_NODE = "public_delete_node"
 ROUTE_LIST_SERVER_TYPES = "list_server_types"
 _EDITABLE_POOL_FIELDS = ("size", "min_size", "max_size", "autoscaling")
 _SECONDS_PER_MONTH = 730 * 3600
+# The product list's page size when none is asked for, and the most it takes (recorded; the SDK's docs).
+CATALOG_DEFAULT_PER_PAGE = 50
+CATALOG_MAX_PER_PAGE = 100
 
 
 def split_taint(key: str, encoded: str) -> dict[str, str]:
@@ -54,13 +62,13 @@ def public_pool(pool: Pool, region: str) -> dict[str, Any]:
         "max_size": pool.max_size,
         "container_runtime": "containerd",
         "autohealing": False,
-        "tags": [],
+        "tags": list(pool.tags),
         "placement_group_id": None,
-        "kubelet_args": {},
+        "kubelet_args": dict(pool.kubelet_args),
         "upgrade_policy": {"max_unavailable": 1, "max_surge": 0},
         "zone": pool.zone,
         "root_volume_type": "default_volume_type",
-        "root_volume_size": 20_000_000_000,
+        "root_volume_size": pool.root_volume_size,
         "public_ip_disabled": False,
         "security_group_id": None,
         "labels": dict(pool.labels),
@@ -69,6 +77,34 @@ def public_pool(pool: Pool, region: str) -> dict[str, Any]:
         "region": region,
         "created_at": rfc3339(pool.created_at),
         "updated_at": rfc3339(pool.updated_at),
+    }
+
+
+def public_cluster(cluster: Cluster) -> dict[str, Any]:
+    """The cluster as the public API answers a GET: the recorded fields this simulator has values for."""
+    versions = sorted({pool.version for pool in cluster.pools.values()})
+    return {
+        "region": cluster.region,
+        "id": cluster.id,
+        "type": "kapsule",
+        "name": cluster.name,
+        "description": "",
+        "status": "ready",
+        "version": versions[-1] if versions else "",
+        "cni": "cilium",
+        "tags": [],
+        "autoscaler_config": {
+            "scale_down_disabled": False,
+            "scale_down_delay_after_add": "10m",
+            "estimator": "binpacking",
+            "expander": "random",
+            "ignore_daemonsets_utilization": False,
+            "balance_similar_node_groups": False,
+            "expendable_pods_priority_cutoff": 0,
+            "scale_down_unneeded_time": "10m",
+            "scale_down_utilization_threshold": 0.5,
+            "max_graceful_termination_sec": 0,
+        },
     }
 
 
@@ -96,6 +132,7 @@ class ScalewayPublicApi:
         self.api = api
 
     def register(self, server: JsonApiServer) -> None:
+        server.route("GET", PUBLIC_PREFIX + "/clusters/{cluster_id}", ROUTE_PUBLIC_GET_CLUSTER, self.get_cluster)
         server.route("GET", PUBLIC_PREFIX + "/clusters/{cluster_id}/pools", ROUTE_PUBLIC_LIST_POOLS, self.list_pools)
         server.route("GET", PUBLIC_PREFIX + "/pools/{pool_id}", ROUTE_PUBLIC_GET_POOL, self.get_pool)
         server.route("PATCH", PUBLIC_PREFIX + "/pools/{pool_id}", ROUTE_PUBLIC_UPDATE_POOL, self.update_pool)
@@ -103,6 +140,15 @@ class ScalewayPublicApi:
         server.route("GET", PUBLIC_PREFIX + "/nodes/{node_id}", ROUTE_PUBLIC_GET_NODE, self.get_node)
         server.route("DELETE", PUBLIC_PREFIX + "/nodes/{node_id}", ROUTE_PUBLIC_DELETE_NODE, self.delete_node)
         server.route("GET", "/instance/v1/zones/{zone}/products/servers", ROUTE_LIST_SERVER_TYPES, self.server_types)
+
+    def get_cluster(self, request: SimRequest) -> SimResponse:
+        region = request.params["region"]
+
+        def run() -> SimResponse:
+            with self.state.lock:
+                return SimResponse(200, public_cluster(self.state.cluster_in(region, request.params["cluster_id"])))
+
+        return self.api.guarded(request, run)
 
     def list_pools(self, request: SimRequest) -> SimResponse:
         region = request.params["region"]
@@ -200,7 +246,16 @@ class ScalewayPublicApi:
 
     def server_types(self, request: SimRequest) -> SimResponse:
         self.api.authenticate(request)
-        servers = {
+        zone = request.params["zone"]
+        region, _, number = zone.rpartition("-")
+        if not number.isdigit() or not self.state.known_region(region):
+            raise as_sim_error(NotFound("zone", zone))
+        try:
+            page = int_argument(request.query, "page", 1, 1, None)
+            per_page = int_argument(request.query, "per_page", CATALOG_DEFAULT_PER_PAGE, 1, CATALOG_MAX_PER_PAGE)
+        except InvalidArguments as exc:
+            raise as_sim_error(exc) from exc
+        every = {
             name: {
                 "ncpus": node_type.cpus,
                 "ram": node_type.memory_bytes,
@@ -216,7 +271,21 @@ class ScalewayPublicApi:
             }
             for name, node_type in sorted(NODE_TYPES.items())
         }
-        return SimResponse(200, {"servers": servers, "total_count": len(servers)})
+        names = sorted(every)[(page - 1) * per_page : page * per_page]
+        last = max(1, -(-len(every) // per_page))
+        # As recorded: first and previous from page 2 on, next before the last page, last always.
+        links = [
+            f'</products/servers?page={n}&per_page={per_page}&>; rel="{rel}"'
+            for n, rel, shown in (
+                (1, "first", page > 1),
+                (page - 1, "previous", page > 1),
+                (page + 1, "next", page < last),
+                (last, "last", True),
+            )
+            if shown
+        ]
+        headers = {"X-Total-Count": str(len(every)), "Link": ",".join(links)}
+        return SimResponse(200, {"servers": {name: every[name] for name in names}}, headers)
 
 
 def _right_type(name: str, value: Any) -> bool:

@@ -51,6 +51,9 @@ POOL_KEYS = {
     "taints",
     "nodes",
     "default_labels",
+    "tags",
+    "root_volume_size",
+    "kubelet_args",
 }
 
 

@@ -44,11 +44,17 @@ NODE_STATUSES = (
 # Pool statuses set by hand (tests) that the simulator must not overwrite and that refuse size changes.
 HELD_POOL_STATUSES = frozenset({"locked", "upgrading"})
 GONE_NODE_STATUSES = frozenset({"deleting", "deleted"})
+# A pool's system volume unless the scenario says otherwise (recorded pools: 20 GB to 100 GB).
+DEFAULT_ROOT_VOLUME_SIZE = 20_000_000_000
 REGISTERED_NODE_STATUSES = frozenset({"not_ready", "ready", "rebooting", "upgrading", "locked", "deleting"})
 SCALE_UP_FAILURE_MODES = ("creation_error", "quota", "out_of_stock")
 ERROR_SHAPES = ("recorded", "typed")
 TRANSIENT_POOL_WRITES = ("conflict", "accept")
 NODE_TYPE_SPELLINGS = ("api", "as_given")
+PRIVATE_ENDPOINTS = ("open", "refused")
+# Every region the Scaleway SDK knows (scaleway-sdk-go scw.AllRegions): the API serves them whether or not a
+# cluster of the scenario is there, so a cluster asked for in the wrong one is a 404 naming the cluster.
+KAPSULE_REGIONS = ("fr-par", "nl-ams", "pl-waw", "it-mil")
 
 
 # -- errors (the API layer maps each to the matching Scaleway error body) ---------------------------
@@ -127,7 +133,7 @@ class Timings:
 @dataclass(frozen=True)
 class Behaviour:
     """How the simulated API answers. The defaults follow the public evidence of the real one
-    (docs/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
+    (docs/reference/scaleway.md, "Evidence"); each earlier model of ours stays as a value a test names."""
 
     # Cache-Control max-age on list answers; None (the default, as recorded) sends no header.
     cache_max_age: int | None = None
@@ -150,6 +156,10 @@ class Behaviour:
     # True: a pool reads "scaling" until its removed nodes are gone (our earlier model); False (as recorded):
     # "ready" once Timings.scale_down_settle has passed, while the removed nodes are still "deleting".
     pool_scaling_while_deleting: bool = False
+    # What the private autoscaler endpoints answer an accepted key: "open" (they serve it) or "refused" (403
+    # permissions_denied, as the IAM refusals recorded on other products). Nothing public says which an ordinary
+    # IAM key gets from outside Kapsule's managed control plane (docs/reference/scaleway.md, "Evidence").
+    private_endpoints: str = "open"
 
     def __post_init__(self) -> None:
         if self.repeated_delete not in ("idempotent", "conflict"):
@@ -160,6 +170,7 @@ class Behaviour:
             ("error_shapes", ERROR_SHAPES),
             ("transient_pool_writes", TRANSIENT_POOL_WRITES),
             ("node_type_spelling", NODE_TYPE_SPELLINGS),
+            ("private_endpoints", PRIVATE_ENDPOINTS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
@@ -245,6 +256,11 @@ class Pool:
     taints: dict[str, str]  # the autoscaler endpoint's map form: key -> "value:Effect" or "Effect"
     created_at: float
     updated_at: float
+    # Public pool fields: the owner's tags (copied onto every server of the pool, and so node labels and
+    # taints), the root volume in bytes, and the kubelet arguments (``maxPods``, ...).
+    tags: list[str] = field(default_factory=list)
+    root_volume_size: int = DEFAULT_ROOT_VOLUME_SIZE
+    kubelet_args: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, Node] = field(default_factory=dict)  # insertion ordered
     pending_failures: deque[tuple[str, int | None]] = field(default_factory=deque)
     settle_until: float | None = None  # after a size decrease: reads "scaling" until then
@@ -371,6 +387,9 @@ class ScalewayState:
         taints: dict[str, str] | None = None,
         nodes: int | list[dict[str, Any]] | None = None,
         default_labels: bool = False,
+        tags: list[str] | None = None,
+        root_volume_size: int = DEFAULT_ROOT_VOLUME_SIZE,
+        kubelet_args: dict[str, str] | None = None,
     ) -> Pool:
         """Add a pool; ``nodes`` is a count of ready nodes, a list of node specs, or None for ``size`` ready.
 
@@ -440,6 +459,9 @@ class ScalewayState:
                 taints=dict(taints or {}),
                 created_at=now,
                 updated_at=now,
+                tags=list(tags or []),
+                root_volume_size=root_volume_size,
+                kubelet_args=dict(kubelet_args or {}),
             )
             self.pools[pool.id] = pool
             cluster.pools[pool.id] = pool
@@ -542,9 +564,17 @@ class ScalewayState:
 
     def known_region(self, region: str) -> bool:
         with self.lock:
-            return region == self.default_region or any(c.region == region for c in self.clusters.values())
+            return (
+                region in KAPSULE_REGIONS
+                or region == self.default_region
+                or any(c.region == region for c in self.clusters.values())
+            )
 
     # -- region-checked views for the HTTP layer (callers hold ``lock`` while they serialise) ----------
+
+    def cluster_in(self, region: str, cluster_id: str) -> Cluster:
+        with self.lock:
+            return self._cluster(cluster_id, region)
 
     def cluster_pools(self, region: str, cluster_id: str) -> list[Pool]:
         with self.lock:
@@ -593,7 +623,9 @@ class ScalewayState:
             self._check_held(pool)
             if size < 0:
                 raise InvalidArguments(ArgumentProblem("size", "constraint", "size must be greater or equal to 0"))
-            if self.behaviour.enforce_size_bounds and not pool.min_size <= size <= pool.max_size:
+            # min_size and max_size bound a pool only while its autoscaling is on (the SDK's field docs).
+            bounded = self.behaviour.enforce_size_bounds and pool.autoscaling
+            if bounded and not pool.min_size <= size <= pool.max_size:
                 raise InvalidArguments(
                     ArgumentProblem(
                         "size",
@@ -828,6 +860,7 @@ class ScalewayState:
             "name",
             "size",
             "status",
+            "tags",
         }
         unknown = sorted(set(changes) - editable)
         if unknown:
@@ -922,6 +955,7 @@ class ScalewayState:
                 region=self.clusters[pool.cluster_id].region,
                 zone=pool.zone,
                 pool_labels=pool.labels,
+                pool_tags=pool.tags,
             )
 
     def snapshot(self) -> dict[str, Any]:
@@ -932,6 +966,6 @@ class ScalewayState:
                 "timings": asdict(self.timings),
                 "behaviour": asdict(self.behaviour),
                 "clusters": [cluster.to_dict() for cluster in self.clusters.values()],
-                "pools": [pool.to_api() for pool in self.pools.values()],
+                "pools": [{**pool.to_api(), "tags": list(pool.tags)} for pool in self.pools.values()],
                 "nodes": [node.to_api() for node in self.nodes.values()],
             }

@@ -26,12 +26,12 @@ BENCH_REGION = "fr-par"
 EMPTY_POOL_EVERY = 10  # every 10th pool starts at size 0 (scale-from-zero candidates)
 UNMANAGED_SHARE = 0.05  # nodes in a pool with autoscaling off (a fixed "system" pool)
 UNMANAGED_POOL = "system-fixed"
-# The real Kapsule API sends no Cache-Control on its lists (docs/scaleway.md, "Evidence"), and the simulator
+# The real Kapsule API sends no Cache-Control on its lists (docs/reference/scaleway.md, "Evidence"), and the simulator
 # follows it by default. Without one, the upstream provider re-lists every 60 s and ours every 30 s (its
 # default sync interval), so the two would not read the cloud on the same cadence. The benchmark names the
 # earlier simulator's 30 s max-age, which both servers follow, so each re-lists at the same loop and their
-# figures stay comparable with each other and with earlier runs (docs/performance.md, "Cloud requests and
-# freshness").
+# figures stay comparable with each other and with earlier runs (docs/explanation/performance.md, "Cloud
+# requests and freshness").
 BENCH_MAX_AGE_SECONDS = 30
 
 # Annotations a kubelet-registered node typically carries; the CA sends all of them in every

@@ -1,6 +1,6 @@
 """The grpcio floor: a CloudProvider server that does nothing but answer from prebuilt messages.
 
-Part of the serving spike (docs/performance.md). It answers the RPCs the load client sends from a
+Part of the serving spike (docs/evidence/performance.md). It answers the RPCs the load client sends from a
 file of groups and nodes the runner writes, with no domain code, no interceptors and no logging, so
 its per-call time is what a Python gRPC engine costs by itself: no tuning of our server's own code
 can make a call cheaper than this. Run it with each engine to compare them side by side:

@@ -1,7 +1,7 @@
 """Turn raw measurements (load-client JSON, simulator request log, /proc figures) into the results.
 
 The JSON written by the runner is keyed by size (``"nodes_5000_groups_100": {...}``); every figure is
-named with its unit. The tables are what docs/performance.md quotes.
+named with its unit. The tables are what docs/evidence/performance.md quotes.
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ FLAKY_MESSAGE = "quota exceeded for instance type DEV1-L"
 BIZFLY_FAILURE_REASON = "Creation failed: quota exceeded"
 READY_TIMEOUT_SECONDS = 20.0
 
-# Kubernetes labels a Kapsule kubelet registers with (docs/scaleway.md, "Templates"): the pool id
+# Kubernetes labels a Kapsule kubelet registers with (docs/reference/scaleway.md, "Templates"): the pool id
 # label is what NodePrice resolves a node's pool from.
 SCW_POOL_ID_LABEL = "k8s.scaleway.com/pool"
 SCW_POOL_NAME_LABEL = "k8s.scaleway.com/pool-name"
@@ -189,7 +189,7 @@ class Endpoint:
 
 
 def _taint_map_to_list(taints: Mapping[str, str]) -> list[dict[str, str]]:
-    """Kapsule's ``{key: "value:Effect" | "Effect"}`` -> taints (docs/scaleway.md, "Templates")."""
+    """Kapsule's ``{key: "value:Effect" | "Effect"}`` -> taints (docs/reference/scaleway.md, "Templates")."""
     out = []
     for key, raw in taints.items():
         parts = raw.split(":")
@@ -345,7 +345,7 @@ class Lab:
             instances = []
             for node in nodes:
                 # A machine Kapsule is still creating has no providerID yet (as recorded): ours lists it by
-                # its Kapsule node id (docs/scaleway.md, "Instances").
+                # its Kapsule node id (docs/reference/scaleway.md, "Instances").
                 instance_id = node.provider_id or SCW_SYNTHETIC_ID_PREFIX + node.id
                 if node.status == "creation_error":
                     instances.append({"id": instance_id, "state": "creating", "error_code": "*"})
@@ -451,7 +451,8 @@ class Lab:
 
     # ----- client configuration ---------------------------------------------------------------------
     def write_cloud_config(self, path: Path) -> Path:
-        """The CA's ``--cloud-config`` for the externalgrpc provider (docs/protocol.md, "Cloud-config and TLS")."""
+        """The CA's ``--cloud-config`` for the externalgrpc provider (docs/reference/protocol.md, "Cloud-config and
+        TLS")."""
         endpoint = self.endpoint
         body: dict[str, Any] = {"address": endpoint.address, "grpc_timeout": "5s"}
         if endpoint.pki is not None:

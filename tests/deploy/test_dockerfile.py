@@ -143,7 +143,7 @@ def test_the_native_wheel_comes_from_the_stage_native_wheel_names_by_default_the
     native = stage_named(instructions, "native")
     assert native[0].argument.split()[0] == "native-${NATIVE_WHEEL}" and len(native) == 1
     assert arg_defaults(instructions)["NATIVE_WHEEL"] == "rust"
-    for choice in ("rust", "context"):  # the two values docs/operations.md and make image use
+    for choice in ("rust", "context"):  # the two values docs/reference/image.md and make image use
         stage_named(instructions, f"native-{choice}")
 
 

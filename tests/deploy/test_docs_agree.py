@@ -14,7 +14,7 @@ from tests.deploy.chart import CA_1_36_1, chart_version
 from tests.deploy.rendering import DEPLOY, KUBERNETES, find_kustomize, objects, pod_containers, render
 
 REPO = DEPLOY.parent
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 #: every tree an operator applies (the overlays, and server-mtls alone beside the Helm chart)
 APPLIED = ("overlays/scaleway", "overlays/bizfly", "overlays/mtls-service", "server-mtls")
 SERVER_IMAGE = "ca-externalgrpc-server"
@@ -30,22 +30,21 @@ def server_images(docs: tuple[dict, ...]) -> set[str]:
 
 
 def test_the_place_the_docs_name_for_the_image_sets_it_in_every_layout() -> None:
-    # The Scaleway quick start's step 1 names the file to edit (relative to the overlay's folder).
-    operations = (REPO / "docs" / "operations.md").read_text()
-    step = operations.split("# 1. point at your image: edit the ca-externalgrpc-server entry under images: in", 1)[1]
-    named = re.search(r"#\s+(\.\./\.\./\S+kustomization\.yaml)", step)
-    assert named, step[:300]
+    # The upgrading guide names the one place that sets the image (relative to the repository root).
+    upgrading = (REPO / "docs" / "how-to" / "upgrading.md").read_text()
+    named = re.search(r"the `images:` entry of `deploy/kubernetes/(\S+)`, which every\s+layout uses", upgrading)
+    assert named, upgrading[:600]
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "kubernetes"
         shutil.copytree(KUBERNETES, copy)
-        place = (copy / "overlays" / "scaleway" / named.group(1)).resolve()
+        place = copy / named.group(1) / "kustomization.yaml"
         text = place.read_text()
         edited = re.sub(
             r"(- name: ca-externalgrpc-server\n\s+newName: )\S+(\n\s+newTag: )\S+",
             r"\1registry.example.com/team/ca-externalgrpc-server\g<2>9.9.9",
             text,
         )
-        assert edited != text, f"{named.group(1)} has no ca-externalgrpc-server entry under images:"
+        assert edited != text, f"{place} has no ca-externalgrpc-server entry under images:"
         place.write_text(edited)
         for tree in APPLIED:
             images = server_images(tuple(find_kustomize().render(copy / tree)))
@@ -61,7 +60,7 @@ def test_the_place_the_docs_name_for_the_image_sets_it_in_every_layout() -> None
 
 @pytest.mark.parametrize("tree", APPLIED)
 def test_every_deployment_uses_the_strategy_the_docs_name(tree: str) -> None:
-    assert "The Deployments use the `Recreate` strategy" in (REPO / "docs" / "operations.md").read_text()
+    assert "The Deployments use the `Recreate` strategy" in (REPO / "docs" / "how-to" / "upgrading.md").read_text()
     for deployment in objects(render(tree), "Deployment"):
         assert deployment["spec"].get("strategy") == {"type": "Recreate"}, deployment["metadata"]["name"]
 
@@ -79,7 +78,7 @@ def test_every_helm_command_of_the_docs_pins_the_chart_version_we_render() -> No
     assert len(commands) >= 4, commands
     for where, command in commands:
         assert f"--version {version}" in command, f"{where}: {command}"
-    offline = (REPO / "docs" / "operations.md").read_text()
+    offline = (REPO / "docs" / "reference" / "layouts.md").read_text()
     assert f"helm\npull autoscaler/cluster-autoscaler --version {version}" in offline or (
         f"helm pull autoscaler/cluster-autoscaler --version {version}" in offline.replace("\n", " ")
     )

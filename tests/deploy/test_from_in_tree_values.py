@@ -39,6 +39,8 @@ def test_migrated_values_give_the_ca_the_pod_the_shipped_values_give(
     assert not our_ca.get("envFrom"), "the CA keeps no cloud credentials"
     assert our_ca["volumeMounts"] == their_ca["volumeMounts"]
     assert pod(ours)["volumes"] == pod(theirs)["volumes"]
+    strategies = [next(d for d in out if d["kind"] == "Deployment")["spec"]["strategy"] for out in (ours, theirs)]
+    assert strategies[0] == strategies[1] == {"type": "Recreate"}  # one CA pod at a time
     if layout == "sidecar":
         assert sidecar(ours) == sidecar(theirs)
         volume = mounted(ours, our_ca, "/config")

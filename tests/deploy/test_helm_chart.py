@@ -291,6 +291,7 @@ def test_every_rbac_rule_says_why() -> None:
 @pytest.mark.parametrize("values", VALUES_FILES, ids=lambda p: p.name)
 @pytest.mark.parametrize("source", CHARTS, ids=lambda s: s.label)
 def test_the_ca_deployment_uses_the_strategy_the_docs_name(source: ChartSource, values: Path) -> None:
-    # docs/operations.md ("Upgrading"): "The Deployments use the Recreate strategy".
-    assert "The Deployments use the `Recreate` strategy" in (DEPLOY.parent / "docs" / "operations.md").read_text()
+    # docs/how-to/upgrading.md: "The Deployments use the Recreate strategy".
+    upgrading = DEPLOY.parent / "docs" / "how-to" / "upgrading.md"
+    assert "The Deployments use the `Recreate` strategy" in upgrading.read_text()
     assert deployment(rendered(source, values))["spec"].get("strategy") == {"type": "Recreate"}

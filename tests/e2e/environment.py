@@ -42,8 +42,9 @@ BIZFLY_TIMINGS = {"provision_seconds": 5, "delete_seconds": 2}
 # The server re-reads each cloud every 2 s (and at most every second when a call asks it to).
 BACKEND_SYNC = {"interval": "2s", "min_interval": "1s"}
 # Cloud routes that change a pool's size (the "cloud call" a scale-up makes).
-RESIZE_ROUTES = {"scaleway": "update_pool", "bizfly": "update_pool"}
-DELETE_ROUTES = {"scaleway": "delete_node", "bizfly": "delete_node"}
+# The simulators' route names of a resize and of a machine deletion (Scaleway: either mode's endpoint).
+RESIZE_ROUTES = {"scaleway": ("update_pool", "public_update_pool"), "bizfly": ("update_pool",)}
+DELETE_ROUTES = {"scaleway": ("delete_node", "public_delete_node"), "bizfly": ("delete_node",)}
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class Layout:
 
     scaleway_pools: list[dict[str, Any]] = field(default_factory=list)
     bizfly_pools: list[dict[str, Any]] = field(default_factory=list)
+    # Keys added to our server's ``scaleway:`` mapping, e.g. ``{"mode": "public", "pools": {...}}``.
+    scaleway_settings: dict[str, Any] = field(default_factory=dict)
 
     def scaleway_scenario(self) -> dict[str, Any]:
         return {"timings": SCALEWAY_TIMINGS, "clusters": [{"name": "e2e", "pools": self.scaleway_pools}]}
@@ -235,7 +238,7 @@ class E2EEnvironment:
         ).start()
         self.bizfly = BizflySimulator(scenario=self.layout.bizfly_scenario(), clock=self.clock).start()
         backends = [
-            scaleway_backend(self.scaleway, sync=BACKEND_SYNC),
+            scaleway_backend(self.scaleway, settings=self.layout.scaleway_settings, sync=BACKEND_SYNC),
             bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
         ]
         # The control plane first: a server with Kubernetes features (``serve``) needs the API server.
@@ -335,9 +338,11 @@ class E2EEnvironment:
         assert group in groups, f"our server does not serve pool {pool_name!r} ({group}) as a node group: {groups}"
         return group
 
-    def cloud_requests(self, cloud: str, route: str, since: float = 0.0) -> list[RecordedRequest]:
+    def cloud_requests(self, cloud: str, route: str | tuple[str, ...], since: float = 0.0) -> list[RecordedRequest]:
+        """The writes (not GETs) the cloud received on ``route`` (a name, or any of several) since ``since``."""
         sim = self.scw if cloud == "scaleway" else self.bz
-        return [r for r in sim.requests.filter(route=route) if r.at >= since and r.method != "GET"]
+        routes = (route,) if isinstance(route, str) else route
+        return [r for r in sim.requests.filter() if r.route in routes and r.at >= since and r.method != "GET"]
 
     # ------------------------------------------------------------------------------------- kubernetes
     def create_pod(

@@ -36,6 +36,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from simulators.scaleway.catalog import kubernetes_labels as scaleway_kubernetes_labels
+from simulators.scaleway.catalog import tag_node_taints
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -101,6 +102,7 @@ def scaleway_machines(state: dict[str, Any]) -> list[Machine]:
             region=regions.get(pool["cluster_id"], ""),
             zone=pool["zone"],
             pool_labels=pool["labels"],
+            pool_tags=pool.get("tags") or [],
         )
         machines.append(
             Machine(
@@ -110,7 +112,7 @@ def scaleway_machines(state: dict[str, Any]) -> list[Machine]:
                 pool=pool["name"],
                 running=node["status"] in SCALEWAY_RUNNING,
                 labels=labels,
-                taints=scaleway_taints(pool.get("taints") or {}),
+                taints=scaleway_taints({**tag_node_taints(pool.get("tags") or []), **(pool.get("taints") or {})}),
                 capacity={k: str(v) for k, v in pool["capacity"].items()},
                 allocatable={k: str(v) for k, v in pool["allocatable"].items()},
             )

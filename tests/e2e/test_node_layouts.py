@@ -9,7 +9,7 @@ their objects written with the pod's projected token. Sidecar layouts: the CA st
 when the pod is deleted. Every scenario ends with the node torn down and nothing left on the machine.
 
 ``make node-e2e`` runs them (the smoke of values-sidecar.yaml is in ``make test``:
-test_node_smoke.py); the figures go to the run's summary and to the table of docs/operations.md.
+test_node_smoke.py); the figures go to the run's summary and to the table of docs/evidence/real-node.md.
 """
 
 from __future__ import annotations

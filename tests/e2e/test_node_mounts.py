@@ -2,8 +2,8 @@
 ServiceAccount token's rotation, with the server's Kubernetes features on (deploy/kubernetes/overlays/
 scaleway with components/kubernetes-features, the layout an operator edits in place).
 
-What the server does, and what the operator must do (docs/operations.md, "Changing the config and the
-credentials"):
+What the server does, and what the operator must do (docs/how-to/rotating-credentials.md;
+the run: docs/evidence/real-node.md, "The mounts and rotations"):
 
 - **ConfigMap update** (an operator edits the live ConfigMap): the kubelet swaps the mounted file
   within its sync period; the server read its config once at start and goes on with it, the same

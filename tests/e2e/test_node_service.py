@@ -15,7 +15,7 @@ client's gRPC status; and how many calls of the CA's failed meanwhile:
   renew its Lease no more, while it keeps serving the connections it has.
 
 Every accepted write made one machine, and the cloud holds exactly one per accepted write: nothing was
-applied twice. ``make node-e2e`` runs it; the figures go to docs/kubernetes.md.
+applied twice. ``make node-e2e`` runs it; the figures go to docs/evidence/failover.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Scale both clouds from zero for pods that select the labels real nodes carry, before and after a
-restart with learned templates on (docs/scaleway.md and docs/bizfly.md, "Evidence").
+restart with learned templates on (docs/reference/scaleway.md and docs/reference/bizfly.md, "Evidence").
 
 - Scaleway: the Kapsule pools API spells a pool's node type its own way (``pro2_xxs``); a real node
   carries the machine's commercial type (``PRO2-XXS``), which Scaleway's cloud-controller-manager copies

@@ -1,8 +1,8 @@
-"""The flood table of docs/reliability.md, "Probe and metrics port": new connections to the probe/metrics
-port at rising rates, each held a second (sending nothing, or ``--payload``), while kubelet-like probes
-(a fresh connection, ``GET /healthz``, one second for the whole exchange) run every 100 ms; per rate, the
-share of probes that succeeded, their latency, and the server process's RSS and threads during the
-flood. The flood and the probes are ``httpflood`` (tests/hostile/flood, built by ``make build``).
+"""The flood table of docs/evidence/hostile-clients.md, "Probes through a flood of new connections": new
+connections to the probe/metrics port at rising rates, each held a second (sending nothing, or ``--payload``),
+while kubelet-like probes (a fresh connection, ``GET /healthz``, one second for the whole exchange) run every
+100 ms; per rate, the share of probes that succeeded, their latency, and the server process's RSS and
+threads during the flood. The flood and the probes are ``httpflood`` (tests/hostile/flood, built by ``make build``).
 
     .venv/bin/python -m tests.hostile.flood_report
     .venv/bin/python -m tests.hostile.flood_report --rates 1000,5000 --server-from ../main   # another checkout

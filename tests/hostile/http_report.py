@@ -1,4 +1,4 @@
-"""The documented measurement of docs/reliability.md, "Probe and metrics port": a server process in
+"""The documented measurement of docs/evidence/hostile-clients.md, "Probe and metrics port": a server process in
 front of the Scaleway simulator, then ``--connections`` connections to its probe/metrics port that
 each send half a request line (or nothing, ``--idle``) and stay open. Prints the process's threads,
 RSS and fds before and during the flood, and the median latency of ``/healthz``, ``/metrics`` and a

@@ -6,7 +6,7 @@ while a normal RPC and a health Check, on a connection opened before the attack 
 answering: the median of several probes within 100 ms.
 
 The flood sizes are small enough for ``make test``; ``HOSTILE_CONNECTIONS=1000 HOSTILE_STREAMS=200``
-gives the figures of docs/reliability.md ("Hostile clients").
+gives the figures of docs/evidence/hostile-clients.md ("gRPC port").
 
 Where the engines differ, the test says which is right: the grpcio engine is the reference for the
 protocol, grpc-go for what grpcio leaves open (a malformed ``grpc-timeout``).
@@ -128,7 +128,7 @@ def settle(pid: int, seconds: float = 0.5) -> measure.Usage:
 
 
 def report(name: str, engine: str, **figures: Any) -> None:
-    """One line per attack in the test output (pytest -s), the figures docs/reliability.md quotes."""
+    """One line per attack in the test output (pytest -s), the figures docs/evidence/hostile-clients.md quotes."""
     print(f"\n[hostile] {engine} {name}: " + ", ".join(f"{k}={v}" for k, v in figures.items()))
 
 
@@ -223,7 +223,7 @@ def test_many_never_ending_4_mib_bodies_on_one_connection_are_answered_in_time_a
     grpcio buffers every one until its deadline (DEADLINE_EXCEEDED at 1 s) and its RSS stays up after
     them; the native front holds at most 16 MiB per connection: the first four get DEADLINE_EXCEEDED at
     1 s, the rest RESOURCE_EXHAUSTED at once, and the memory is given back. The native front is right:
-    grpcio has no bound on what one client's bodies hold (docs/reliability.md, "Hostile clients").
+    grpcio has no bound on what one client's bodies hold (docs/explanation/reliability.md, "Hostile clients").
     """
     before = measure.usage(server.pid)
     raw = RawGrpc(server.address)
@@ -412,7 +412,7 @@ def test_rapid_resets_and_half_sent_streams_are_bounded(server: Target) -> None:
     The native front reads bodies on its event loop: the probes go on. The grpcio engine gives each
     call a pool thread (max_workers, 16) from its headers on, so 16 half-sent calls without a deadline
     stall every other call until those connections close: the native front is right, and
-    docs/reliability.md says so for the grpcio engine.
+    docs/explanation/reliability.md says so for the grpcio engine.
     """
     before = measure.usage(server.pid)
     raw = RawGrpc(server.address)

@@ -5,7 +5,7 @@ Each attack runs against ``ca-externalgrpc serve`` in front of the Scaleway simu
 process's threads, RSS and open fds must stay within the bounds below of what it used before, and
 ``/healthz``, ``/metrics`` and a NodeGroups RPC must each answer within 100 ms (the median of seven
 calls, so that one slow slice of a loaded 2-core machine does not decide; a server that queues the
-probes behind the attack still fails). docs/reliability.md, "Hostile clients", has the figures.
+probes behind the attack still fails). docs/evidence/hostile-clients.md has the figures.
 """
 
 from __future__ import annotations
@@ -446,7 +446,7 @@ def test_a_connection_that_sent_its_request_line_is_not_closed_to_make_room(targ
 def test_probes_over_fresh_connections_survive_a_flood_of_new_connections(target: Target) -> None:
     """2,000 new silent connections a second for 4 s (20 times the cap each second) while a probe like
     kubelet's (a fresh connection, one second for all) runs every 100 ms: the server never closes a
-    probe's connection to make room. (docs/reliability.md has the rates where probes start to fail.)"""
+    probe's connection to make room. (docs/evidence/hostile-clients.md has the rates where probes start to fail.)"""
     from tests.hostile.flood_report import run_flood
 
     result = run_flood(target.port, rate=2_000, seconds=4.0)

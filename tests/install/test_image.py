@@ -294,11 +294,14 @@ def docs_command(doc: str, starts: str, image: str) -> str:
 
 
 def test_the_migration_guides_podman_line_converts_from_the_image(image: str, tmp_path: Path) -> None:
-    # docs/migration.md: from-in-tree run from our image, the CA's Secret as a file, `> config.yaml`.
+    # docs/reference/in-tree-differences.md: from-in-tree run from our image, the CA's Secret as a file,
+    # `> config.yaml`.
     (tmp_path / "credentials.env").write_text(
         f"CLUSTER_ID=11111111-2222-3333-4444-555555555555\nSCW_SECRET_KEY={SCW_SECRET}\nSCW_REGION=fr-par\n"
     )
-    command = docs_command("migration.md", "CONTAINERS_CONF=deploy/containers.conf podman run", image)
+    command = docs_command(
+        "reference/in-tree-differences.md", "CONTAINERS_CONF=deploy/containers.conf podman run", image
+    )
     assert command.endswith(" config from-in-tree --cloud-provider scaleway > config.yaml"), command
     done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -315,13 +318,13 @@ def test_the_migration_guides_podman_line_converts_from_the_image(image: str, tm
 
 
 def test_the_upgrade_steps_validate_line_runs_from_the_image(image: str, tmp_path: Path) -> None:
-    # docs/operations.md, "Upgrading": validate the new config with the new image before rolling it out.
+    # docs/how-to/upgrading.md: validate the new config with the new image before rolling it out.
     block = (REPO / "README.md").read_text().split("A minimal sidecar config:", 1)[1].split("```yaml\n", 1)[1]
     config = block.split("```", 1)[0].replace("<pool-id>", "2f0c6a7e-8b1d-4c3e-9f4a-0d1e2f3a4b5c")
     (tmp_path / "config.yaml").write_text(config)
     (tmp_path / "config.yaml").chmod(0o644)
     (tmp_path / "credentials.env").write_text(f"SCW_SECRET_KEY={SCW_SECRET}\n")
-    command = docs_command("operations.md", "CONTAINERS_CONF=deploy/containers.conf podman run --rm -v", image)
+    command = docs_command("how-to/upgrading.md", "CONTAINERS_CONF=deploy/containers.conf podman run --rm -v", image)
     done = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("/c.yaml: OK: listen 127.0.0.1:8086 (plaintext); backends: scw (scaleway")

@@ -1,5 +1,5 @@
 """``pip install`` of the wheels ``make wheels`` built, in a fresh virtualenv on a PATH without cargo or
-rustc, as a Python user installs the server (docs/operations.md, "Install", runs the same commands).
+rustc, as a Python user installs the server (docs/how-to/install.md runs the same commands).
 
 The server's wheel alone serves the README's minimal config (pointed at the Scaleway simulator) on
 the grpcio engine and says so in one log line; ``serving.engine: native`` asked for explicitly fails
@@ -128,7 +128,7 @@ def plain(wheels: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -
 def with_native(wheels: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Virtualenv:
     """The server with its [native] extra, the native wheel found in dist/, its dependencies the locked
     ones: the exact files of requirements/runtime.txt, hashes checked, then both wheels without
-    dependencies, and pip check that nothing the server needs is missing (docs/operations.md)."""
+    dependencies, and pip check that nothing the server needs is missing (docs/how-to/install.md)."""
     venv = fresh_virtualenv(tmp_path_factory.mktemp("native") / "venv")
     venv.pip_install("--require-hashes", "--no-deps", "-r", str(REPO / "requirements" / "runtime.txt"))
     venv.pip_install("--no-deps", str(wheels[0]), str(wheels[1]))  # --no-deps: the extra names, the file installs

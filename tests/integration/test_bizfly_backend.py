@@ -981,6 +981,11 @@ def test_upstream_debug_names_min_and_max(make: Any) -> None:
     _, backend = make(scenario(pool(min_size=1, max_size=200)))
     sync(backend)
     assert "min=1" in backend.group(POOL).debug and "max=200" in backend.group(POOL).debug
+    # The pool's name once, as one word status reads (a name with spaces is still one word).
+    assert backend.group(POOL).name == "general" and backend.group(POOL).debug.split().count("name=general") == 1
+    _, spaced = make(scenario(pool(name="web pool")))
+    sync(spaced)
+    assert "name=web_pool" in spaced.group(POOL).debug.split()
 
 
 def test_upstream_refresh_of_an_empty_cluster_gives_no_groups(make: Any) -> None:

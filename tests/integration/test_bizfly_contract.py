@@ -1,7 +1,7 @@
 """Contract tests: the answer shapes the public evidence shows for Bizfly, through the real code.
 
 The fixtures below are written for this project (ids, names and values are ours) in the shapes the
-vendor's own examples, its clients and the services behind it show (docs/bizfly.md, "Evidence", names
+vendor's own examples, its clients and the services behind it show (docs/reference/bizfly.md, "Evidence", names
 each source): the bare cluster and pool objects with ``stats``, naive timestamps, a pending pool with
 ``null`` autoscaling ids, Senlin's node statuses and reasons, Senlin's mixed-case node names, a login
 answer naming its project. A small server answers them on the real routes (login, catalog, Kubernetes

@@ -29,8 +29,9 @@ from simulators.scaleway import ScalewaySimulator, demo_scenario
 from tests.support.gobuild import BinaryNotBuilt, binary_path
 
 README = REPO_ROOT / "README.md"
-OPERATIONS = REPO_ROOT / "docs" / "operations.md"
-MIGRATION = REPO_ROOT / "docs" / "migration.md"
+CONFIGURE = REPO_ROOT / "docs" / "how-to" / "configure.md"
+TROUBLESHOOTING = REPO_ROOT / "docs" / "how-to" / "troubleshooting.md"
+MIGRATION = REPO_ROOT / "docs" / "reference" / "in-tree-differences.md"
 DEMO_ADDRESS = "127.0.0.1:8086"  # what the docs write; the tests serve on a free port instead
 
 
@@ -162,9 +163,9 @@ def test_readme_validate_offline_of_the_minimal_config_prints_what_the_readme_sh
     assert done.stdout.splitlines() == shown
 
 
-# ---------------------------------------------------------------------------------------------- operations.md
-def test_operations_validate_output_is_what_validate_prints(tmp_path: Path) -> None:
-    shown = plain_block(OPERATIONS, "it exits 1 and prints one line per problem:")
+# ----------------------------------------------------------------------- how-to/configure.md, how-to/troubleshooting.md
+def test_configure_validate_output_is_what_validate_prints(tmp_path: Path) -> None:
+    shown = plain_block(CONFIGURE, "it exits 1 and prints one line per problem:")
     # A config with the two mistakes the example names: a bare duration, and SCW_REGION=Paris.
     (tmp_path / "config.yaml").write_text(
         "shutdown_grace: 15\nbackends:\n  - type: scaleway\n"
@@ -175,8 +176,8 @@ def test_operations_validate_output_is_what_validate_prints(tmp_path: Path) -> N
     assert done.stdout.splitlines() == shown
 
 
-def test_operations_status_output_with_a_wrong_secret_key_is_what_status_prints(tmp_path: Path) -> None:
-    text = OPERATIONS.read_text().split("With a wrong secret key it prints", 1)[1]
+def test_troubleshooting_status_output_with_a_wrong_secret_key_is_what_status_prints(tmp_path: Path) -> None:
+    text = TROUBLESHOOTING.read_text().split("With a wrong secret key it prints", 1)[1]
     shown = [line.removeprefix("  ") for line in text.split("  ```\n", 1)[1].split("  ```", 1)[0].splitlines()]
     with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
         backend = scaleway_backend(sim, secret_key_env="SCW_SECRET_KEY")
@@ -191,7 +192,7 @@ def test_operations_status_output_with_a_wrong_secret_key_is_what_status_prints(
     assert done.stdout.splitlines() == shown
 
 
-# ---------------------------------------------------------------------------------------------- migration.md
+# ---------------------------------------------------------------------------- reference/in-tree-differences.md
 def test_migration_problem_example_is_what_from_in_tree_prints(tmp_path: Path) -> None:
     shown = plain_block(MIGRATION, "environment with `BIZFLYCLOUD_AUTH_METHOD=password`")
     (tmp_path / "credentials.env").write_text(

@@ -13,7 +13,7 @@ Every read the CA makes is asked of both: Refresh, NodeGroups, NodeGroupTargetSi
 NodeGroupForNode (for every node the cloud lists, and for nodes of no group), NodeGroupTemplateNodeInfo
 (decoded, field by field, and as the CA uses it after its own sanitizing), NodeGroupGetOptions,
 GPULabel, GetAvailableGPUTypes and the pricing calls of the price expander. Where the answers differ,
-the test states the difference exactly; each one is a row of docs/migration.md's "What behaves
+the test states the difference exactly; each one is a row of docs/reference/in-tree-differences.md's "What behaves
 differently, on purpose". Anything else that differs fails here.
 """
 
@@ -143,7 +143,7 @@ def scw_added_labels(group_id: str) -> dict[str, str]:
     """The labels our template adds to the in-tree one, which is the pool's own ``labels`` only (and, as
     recorded, the API's pool labels are what the owner set): what every Kapsule node carries, the
     instance type spelled as the node's label is (``DEV1-M``; the API answers ``dev1_m``), and the GPU
-    label on GPU pools (docs/migration.md, "What behaves differently on purpose")."""
+    label on GPU pools (docs/reference/in-tree-differences.md, "What behaves differently on purpose")."""
     pool = SCW_POOLS[group_id]
     added = {
         "kubernetes.io/os": "linux",
@@ -171,7 +171,7 @@ BZ_EMPTY = "d1ff00000000000000000003"
 BZ_FIXED = "d1ff00000000000000000004"
 # The in-tree provider's own words first, then what the real API (its Senlin node statuses) and a stopped
 # VM show. "error" is a failed creation, "ERROR" a failed health check of a node that served (by their
-# Senlin reasons): only the first is a failed scale-up (docs/bizfly.md, "Status mapping").
+# Senlin reasons): only the first is a failed scale-up (docs/reference/bizfly.md, "Status mapping").
 BZ_STATUSES = (
     "running",
     "provisioning",
@@ -492,7 +492,8 @@ def test_scaleway_target_sizes_are_the_same(scaleway: Sides) -> None:
 
 
 def test_scaleway_instances_have_the_same_ids_and_states(scaleway: Sides) -> None:
-    """Same ids, same states for every status; the error details differ as docs/migration.md says."""
+    """Same ids, same states for every status; the error details differ as docs/reference/in-tree-differences.md
+    says."""
     assert scaleway.stack.scaleway is not None
     status_of = {n["provider_id"]: n["status"] for n in scaleway.stack.scaleway.state.snapshot()["nodes"]}
     compared = set()
@@ -752,7 +753,7 @@ def test_bizfly_refresh_node_groups_and_targets_are_the_same(bizfly: tuple[Sides
 
 
 # Bizfly statuses the in-tree provider does not know (it reports no state, with an error the CA ignores
-# for a machine without a state), and what ours reports (docs/bizfly.md, "Status mapping").
+# for a machine without a state), and what ours reports (docs/reference/bizfly.md, "Status mapping").
 BZ_KNOWN_STATE_DIFFERENCES = {
     "error": pb.InstanceStatus.instanceCreating,  # with an error: a failed scale-up, backed off and cleaned up
     "ACTIVE": pb.InstanceStatus.instanceRunning,

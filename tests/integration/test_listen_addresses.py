@@ -1,7 +1,7 @@
 """Which addresses each port answers on, for the listen forms an operator writes (both engines: make test
 runs tests/integration once per engine). ``[::]`` is every address, IPv6 and IPv4 alike (the kubelet
 probes the pod's IPv4 address), ``0.0.0.0`` every IPv4 address, a loopback address only itself; the gRPC
-port and the probe/metrics port follow the same rule (docs/operations.md, "listen" and "http_listen"). On
+port and the probe/metrics port follow the same rule (docs/reference/config.md, "listen" and "http_listen"). On
 the grpcio engine grpc core would take ``0.0.0.0`` for both families; a guard socket holds ``[::]`` of the
 port IPv6-only so that it listens on IPv4 alone (server/http_server.py, ``ipv4_only_guard``)."""
 

@@ -2,7 +2,7 @@
 
 A pool at size 0 has no real node for the CA to copy, so the CA asks for a template, runs its
 scheduler simulation of a pending pod on it, calls IncreaseSize, and then waits for the new instance
-to show up as running under an id equal to the Kubernetes node's providerID (docs/protocol.md,
+to show up as running under an id equal to the Kubernetes node's providerID (docs/reference/protocol.md,
 "Templates for scale-from-zero" and "Instance status").
 """
 

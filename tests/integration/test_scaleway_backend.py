@@ -8,6 +8,8 @@ does not handle (retries, timeouts, malformed answers, breaker, the size race).
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -86,14 +88,6 @@ def make_adapter(sim: ScalewaySimulator, **config: Any) -> ScalewayAdapter:
         retry=RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05),
         breaker=BreakerSettings(failure_threshold=50),
     )
-
-
-@pytest.fixture
-def backends() -> Iterator[list[Backend]]:
-    made: list[Backend] = []
-    yield made
-    for backend in made:
-        backend.stop()
 
 
 def make_backend(sim: ScalewaySimulator, backends: list[Backend], **config: Any) -> Backend:
@@ -401,9 +395,24 @@ def test_wrong_secret_is_an_auth_failure_without_the_secret_in_it(sim, backends)
         with pytest.raises(CloudAuthFailed, match="authentication is denied") as info:
             adapter.list_groups(deadline())
         assert "wrong-secret-value" not in str(info.value)
-        assert sim.requests.count(route="list_pools") == 2  # the 401 is retried once, never in a loop
+        assert sim.requests.count(route="list_pools") == 1  # a static key: nothing to refresh, no repeat
     finally:
         adapter.close()
+
+
+def test_a_refused_key_is_sent_once_per_sync_and_logged_as_refused(sim, backends, caplog):
+    """Scaleway's secret key is static: a 401 is final. (It was taken for an expired token: each sync sent
+    the refused key twice and logged "refreshing the token and repeating".)"""
+    backend = Backend("scw-test", make_adapter(sim, secret_key="wrong-secret-value"), SyncSettings(min_interval=0.0))
+    backends.append(backend)
+    caplog.set_level(logging.WARNING, logger="providers.http")
+    for syncs in (1, 2):
+        with pytest.raises(CloudAuthFailed):
+            backend.sync(deadline())
+        assert sim.requests.count(route="list_pools") == syncs
+    lines = [r.getMessage() for r in caplog.records if r.name == "providers.http"]
+    pattern = r"scaleway GET /k8s/v1/regions/\{region\}/autoscaler/clusters/\{cluster_id\}/pools -> 401 in \d+ms"
+    assert len(lines) == 2 and all(re.fullmatch(pattern + "; refused, not retried", line) for line in lines), lines
 
 
 def test_403_permissions_denied_is_an_auth_failure(sim, backends):

@@ -2,7 +2,7 @@
 adapter and backend, and over gRPC where the answer reaches the CA.
 
 Each fixture below is written in our own words (our ids, names and messages) after one row of the
-evidence table in docs/scaleway.md ("Evidence"; the row is named next to it); what is kept is the shape:
+evidence table in docs/reference/scaleway.md ("Evidence"; the row is named next to it); what is kept is the shape:
 which fields, which types, which headers, which status with which body. The answers are replayed by a
 scripted HTTP server (tests/support/scripted_http.py), not by the simulator, so that what reaches the
 client is exactly the fixture.

@@ -2,7 +2,7 @@
 
 Each generation's schema is compiled in a separate process (tests/generations/client.py), so the
 answers are decoded exactly as a client of that generation would decode them, and requests are built
-with only the fields that generation sends (docs/protocol.md, "Field generations by CA release").
+with only the fields that generation sends (docs/reference/protocol.md, "Field generations by CA release").
 """
 
 from __future__ import annotations

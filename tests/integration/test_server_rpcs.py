@@ -1,6 +1,6 @@
 """Every CloudProvider RPC over a real gRPC channel, against the server wired to the cloud simulators.
 
-Each test states one behaviour the CA relies on (docs/protocol.md) and checks both what the CA sees
+Each test states one behaviour the CA relies on (docs/reference/protocol.md) and checks both what the CA sees
 and, for mutations, what reached the simulated cloud.
 """
 

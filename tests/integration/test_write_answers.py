@@ -1,15 +1,16 @@
 """A write's 2xx answer: done when its body is empty or the API's JSON, an unknown outcome settled by
 reading the cloud back when its body is anything else.
 
-No public client of either cloud reads the bodies of these answers (docs/scaleway.md and docs/bizfly.md,
-"Evidence"), so an empty body is as good an answer as the API's JSON record: the write is done. Before,
-any 2xx was done whatever its body; but a 2xx that is not the API's answer (an HTML page, JSON cut short,
-JSON that is not an object) may come from a proxy or gateway in the path that never passed the request
-on (issue 40, item 4: IncreaseSize answered OK and TargetSize read +1 while the pool was unchanged;
-DeleteNodes answered OK while nothing was deleted). It is an unknown outcome, as after a 5xx: the server
-reads the cloud back and answers from what it finds, over gRPC as the CA calls it, changing the cloud at
-most once. The simulators produce each answer with a ``Fault``: with ``apply=True`` the cloud applies the
-write and the answer is spoiled; with ``status=200`` something in the path answers in its place.
+No public client of either cloud reads the bodies of these answers (docs/reference/scaleway.md and
+docs/reference/bizfly.md, "Evidence"), so an empty body is as good an answer as the API's JSON record:
+the write is done. Before, any 2xx was done whatever its body; but a 2xx that is not the API's answer (an
+HTML page, JSON cut short, JSON that is not an object) may come from a proxy or gateway in the path that
+never passed the request on (issue 40, item 4: IncreaseSize answered OK and TargetSize read +1 while the
+pool was unchanged; DeleteNodes answered OK while nothing was deleted). It is an unknown outcome, as after
+a 5xx: the server reads the cloud back and answers from what it finds, over gRPC as the CA calls it,
+changing the cloud at most once. The simulators produce each answer with a ``Fault``: with
+``apply=True`` the cloud applies the write and the answer is spoiled; with ``status=200`` something in
+the path answers in its place.
 """
 
 from __future__ import annotations

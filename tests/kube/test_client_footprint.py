@@ -1,8 +1,8 @@
 """A server with its four Kubernetes features at work loads none of the client's generated API or model classes.
 
 Importing one generated API class (``CoreV1Api``, ``CoordinationV1Api``) loads about 250 model modules,
-about 21 MiB of RSS (docs/kubernetes.md, "Memory and CPU"); the features go through the connection's raw
-JSON calls instead (server/kube/client.py). The server runs as a child process with
+about 21 MiB of RSS (docs/evidence/kubernetes-features.md, "Memory and CPU"); the features go through the
+connection's raw JSON calls instead (server/kube/client.py). The server runs as a child process with
 ``PYTHONPROFILEIMPORTTIME=1``, so the interpreter itself names every module it imports, from any thread.
 Each feature makes its calls before the list is read: the replica takes the Lease, learns a Node's
 template, journals and reports a scale-up, and at its stop writes its last status and releases the Lease.
@@ -71,8 +71,8 @@ def test_the_image_serves_the_four_kubernetes_features_without_the_files_it_leav
     tmp_path: Path,
 ) -> None:
     """The image leaves the client's asyncio copy and aiohttp out and its generated classes uncompiled
-    (docs/operations.md, "Size"): the same four features at work there, as the read-only, non-root
-    container of the manifests, against the real API server."""
+    (docs/reference/image.md, "What the image leaves out"): the same four features at work there, as the
+    read-only, non-root container of the manifests, against the real API server."""
     image = built_image()  # skipped without podman; "run make image" when missing or stale
     server, lease = start_server_mtls_replica(control_plane, admin, namespace, cloud, tmp_path, image=image)
     try:

@@ -1,6 +1,6 @@
 """The Bizfly Cloud Kubernetes Engine simulator, spoken to over HTTP on 127.0.0.1 like the real API.
 
-Facts asserted here are those of docs/bizfly.md ("Authentication", "Endpoints used", "The simulator").
+Facts asserted here are those of docs/reference/bizfly.md ("Authentication", "Endpoints used", "The simulator").
 """
 
 from __future__ import annotations
@@ -259,6 +259,20 @@ def test_catalog_lists_other_regions_first_at_urls_that_do_not_serve_this_cluste
     assert [e["region"] for e in entries] == ["HCM", "HN"]
     decoy = http.get(f"{entries[0]['service_url']}/_/{CLUSTER}", headers=auth(login(http, sim)))
     assert decoy.status_code == 404
+
+
+def test_another_regions_engine_holds_the_clusters_a_scenario_puts_there(
+    manual_clock: ManualClock, http: requests.Session
+) -> None:
+    cluster = {"uid": "kecluster0000hcm", "name": "south", "region": "HCM", "pools": []}
+    with BizflySimulator(scenario(clusters=[*scenario()["clusters"], cluster]), clock=manual_clock) as sim:
+        headers = auth(login(http, sim))
+        south, home = (entry["service_url"] for entry in kubernetes_entries(http, sim))
+        assert http.get(f"{south}/_/kecluster0000hcm", headers=headers).json()["name"] == "south"
+        assert http.get(f"{home}/_/kecluster0000hcm", headers=headers).status_code == 404
+        assert [c["uid"] for c in http.get(f"{south}/_/", headers=headers).json()["clusters"]] == ["kecluster0000hcm"]
+        assert [c["uid"] for c in http.get(f"{home}/_/", headers=headers).json()["clusters"]] == [CLUSTER]
+        assert http.get(f"{sim.url}/nowhere/api/kubernetes-engine/_/", headers=headers).status_code == 404
 
 
 @pytest.mark.parametrize("spelling", ["HN", "hn", "HaNoi"])

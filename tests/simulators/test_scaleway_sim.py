@@ -33,7 +33,8 @@ def sim(manual_clock: ManualClock) -> Iterator[ScalewaySimulator]:
 
 
 class Api:
-    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/scaleway.md, "Endpoints used")."""
+    """The four autoscaler calls, shaped like the CA's scalewaygo client (docs/reference/scaleway.md, "Endpoints
+    used")."""
 
     def __init__(self, sim: ScalewaySimulator, session: requests.Session, token: str = SECRET) -> None:
         self.base = f"{sim.url}/k8s/v1/regions/{REGION}/autoscaler"
@@ -126,10 +127,55 @@ def test_unknown_pool_and_node_are_404_naming_the_resource(api: Api) -> None:
 
 
 def test_unknown_region_is_404(sim: ScalewaySimulator, http: requests.Session) -> None:
-    url = f"{sim.url}/k8s/v1/regions/nl-ams/autoscaler/clusters/{sim.cluster_id}/pools"
+    url = f"{sim.url}/k8s/v1/regions/fr-nowhere/autoscaler/clusters/{sim.cluster_id}/pools"
     response = http.get(url, headers={"X-Auth-Token": SECRET})
     assert response.status_code == 404
     assert response.json()["type"] == "not_found"
+    assert response.json()["resource"] == "region"
+
+
+@pytest.mark.parametrize("region", ["nl-ams", "pl-waw", "it-mil"])
+def test_every_kapsule_region_is_served_and_answers_404_for_a_cluster_elsewhere(
+    sim: ScalewaySimulator, http: requests.Session, region: str
+) -> None:
+    url = f"{sim.url}/k8s/v1/regions/{region}/clusters/{sim.cluster_id}"
+    response = http.get(url, headers={"X-Auth-Token": SECRET})
+    assert response.status_code == 404
+    assert response.json() == {
+        "message": "resource is not found",
+        "resource": "cluster",
+        "resource_id": sim.cluster_id,
+        "type": "not_found",
+    }
+
+
+def test_public_cluster_read_answers_the_recorded_fields(sim: ScalewaySimulator, http: requests.Session) -> None:
+    response = http.get(
+        f"{sim.url}/k8s/v1/regions/{REGION}/clusters/{sim.cluster_id}", headers={"X-Auth-Token": SECRET}
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["id"], body["name"], body["region"], body["type"], body["status"]) == (
+        sim.cluster_id,
+        "test",
+        REGION,
+        "kapsule",
+        "ready",
+    )
+    assert {"version", "cni", "tags", "autoscaler_config"} <= set(body)
+    assert {"expander", "estimator", "scale_down_disabled"} <= set(body["autoscaler_config"])
+
+
+def test_refused_private_endpoints_answer_the_recorded_iam_403_once_the_key_is_accepted(
+    sim: ScalewaySimulator, http: requests.Session, api: Api
+) -> None:
+    sim.set_behaviour(private_endpoints="refused")
+    assert Api(sim, http, token="not-the-secret").list_pools().status_code == 401
+    for response in (api.list_pools(), api.list_nodes(), api.set_size("anything", 1), api.delete_node("anything")):
+        assert response.status_code == 403
+        assert response.json() == {"details": [], "message": "insufficient permissions", "type": "permissions_denied"}
+    cluster = http.get(f"{sim.url}/k8s/v1/regions/{REGION}/clusters/{sim.cluster_id}", headers={"X-Auth-Token": SECRET})
+    assert cluster.status_code == 200  # the public API still serves the key
 
 
 def test_cluster_is_not_found_through_another_known_region(manual_clock: ManualClock, http: requests.Session) -> None:
@@ -853,7 +899,7 @@ def test_standalone_module_serves_until_sigterm(tmp_path: Path) -> None:
             process.wait()
 
 
-# -- optional public endpoints -------------------------------------------------------------------------
+# -- the public endpoints (the server's public mode) --------------------------------------------------
 
 
 def public(sim: ScalewaySimulator, path: str) -> str:
@@ -907,13 +953,50 @@ def test_public_delete_node_accepts_skip_drain(sim: ScalewaySimulator, http: req
     assert sim.pool(pool.id).size == 1
 
 
-def test_instance_product_list_describes_node_types(sim: ScalewaySimulator, http: requests.Session) -> None:
-    response = http.get(f"{sim.url}/instance/v1/zones/fr-par-1/products/servers", headers={"X-Auth-Token": SECRET})
-    servers = response.json()["servers"]
-    assert servers["DEV1-M"]["ncpus"] == 3
-    assert servers["L4-1-24G"]["gpu"] == 1
-    assert response.json()["total_count"] == len(servers)
-    assert http.get(f"{sim.url}/instance/v1/zones/fr-par-1/products/servers").status_code == 401
+def test_instance_product_list_is_paged_as_recorded(sim: ScalewaySimulator, http: requests.Session) -> None:
+    url = f"{sim.url}/instance/v1/zones/fr-par-1/products/servers"
+    headers = {"X-Auth-Token": SECRET}
+    everything = http.get(url, params={"per_page": 100}, headers=headers)
+    servers = everything.json()["servers"]
+    assert (servers["DEV1-M"]["ncpus"], servers["DEV1-M"]["ram"], servers["DEV1-M"]["arch"]) == (
+        3,
+        4 * 1024**3,
+        "x86_64",
+    )
+    assert servers["L4-1-24G"]["gpu"] == 1 and servers["COPARM1-4C-16G"]["arch"] == "arm64"
+    # Recorded: the count in X-Total-Count, none in the body; pages linked; 50 a page unless asked.
+    assert "total_count" not in everything.json()
+    assert everything.headers["X-Total-Count"] == str(len(servers))
+    first = http.get(url, params={"per_page": 5}, headers=headers)
+    second = http.get(url, params={"per_page": 5, "page": 2}, headers=headers)
+    assert len(first.json()["servers"]) == 5 and not set(first.json()["servers"]) & set(second.json()["servers"])
+    assert 'rel="next"' in first.headers["Link"] and 'rel="previous"' in second.headers["Link"]
+    assert http.get(url, params={"per_page": 101}, headers=headers).status_code == 400
+    assert http.get(f"{sim.url}/instance/v1/zones/xx-nowhere-1/products/servers", headers=headers).status_code == 404
+    assert http.get(url).status_code == 401
+
+
+def test_public_pools_carry_tags_root_volume_and_kubelet_args(sim: ScalewaySimulator, http: requests.Session) -> None:
+    tags = ["workload=batch", "taint=noprefix=dedicated=batch:NoSchedule"]
+    created = sim.add_pool(
+        "tagged", size=1, max_size=2, tags=tags, root_volume_size=50_000_000_000, kubelet_args={"maxPods": "60"}
+    )
+    pool = http.get(public(sim, f"/pools/{created.id}"), headers={"X-Auth-Token": SECRET}).json()
+    assert (pool["tags"], pool["root_volume_size"], pool["kubelet_args"]) == (tags, 50_000_000_000, {"maxPods": "60"})
+    # Kapsule copies the tags onto the pool's servers, and its nodes get their labels (docs/tags.md of the CCM).
+    (ref,) = [r for r in sim.node_refs() if r["pool_id"] == created.id]
+    assert ref["labels"]["k8s.scaleway.com/workload"] == "batch"
+    assert "dedicated" not in ref["labels"]
+
+
+def test_size_bounds_hold_only_while_the_pools_autoscaling_is_on(
+    sim: ScalewaySimulator, http: requests.Session
+) -> None:
+    headers = {"X-Auth-Token": SECRET}
+    fixed = sim.add_pool("fixed", size=1, min_size=1, max_size=1, autoscaling=False)
+    assert http.patch(public(sim, f"/pools/{fixed.id}"), json={"size": 3}, headers=headers).status_code == 200
+    scaled = sim.add_pool("scaled", size=1, min_size=1, max_size=1)
+    assert http.patch(public(sim, f"/pools/{scaled.id}"), json={"size": 3}, headers=headers).status_code == 400
 
 
 def test_node_refs_list_registered_nodes_with_pool_labels(

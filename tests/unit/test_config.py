@@ -331,6 +331,38 @@ def test_a_bad_value_from_the_environment_names_the_variable():
     assert problem.key == "environment variable SCW_REGION (for backends[0].scaleway.region)"
 
 
+def test_a_missing_variable_is_fixed_in_the_container_for_serve_and_by_export_for_validate(tmp_path):
+    """serve runs in a pod: no shell to export in; the fix is the container's environment (its Secret).
+    validate runs in a shell: an export checks it there, and the container still needs the variable."""
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"backends": [{"type": "scaleway", "scaleway": {"cluster_id": CLUSTER, "secret_key_env": "SCW_KEY"}}]}
+        )
+    )
+    container = "set SCW_KEY in the server container's environment (a key of the Secret its envFrom names)"
+    served = run_cli("serve", "--config", str(path))
+    assert served.returncode == 2
+    assert served.stderr.strip() == (
+        "error: backends[0].scaleway.secret_key_env: environment variable SCW_KEY is not set or empty. "
+        f"Fix: {container}"
+    )
+    validated = run_cli("validate", "--config", str(path))
+    assert validated.returncode == 1
+    assert validated.stdout.splitlines()[1] == (
+        "  - backends[0].scaleway.secret_key_env: environment variable SCW_KEY is not set or empty. "
+        f"Fix: export SCW_KEY=<the secret key> to check it here; for the server, {container}"
+    )
+    path.write_text(yaml.safe_dump({"backends": [{"type": "scaleway", "scaleway": {"secret_key_env": "SCW_KEY"}}]}))
+    served = run_cli("serve", "--config", str(path), env={"SCW_KEY": SECRET})
+    assert served.stderr.strip() == (
+        "error: backends[0].scaleway.cluster_id: the Kapsule cluster id is not set. Fix: set cluster_id to the "
+        "cluster's id (Scaleway console > Kubernetes > cluster > ID), or set CLUSTER_ID in the server container's "
+        "environment (a key of the Secret its envFrom names)"
+    )
+    assert "export" not in served.stderr
+
+
 def test_the_secret_never_shows_in_the_parsed_config_or_in_errors():
     parsed = parse(config(), env={})
     assert SECRET not in repr(parsed) and SECRET not in str(parsed.backends[0].cloud)
@@ -500,9 +532,17 @@ def test_the_readme_minimal_config_is_refused_for_its_placeholder_alone():
 
 
 def test_the_operations_guide_example_validates():
-    block = yaml_blocks(ROOT / "docs" / "operations.md", "## Server configuration reference")[0]
+    block = yaml_blocks(ROOT / "docs" / "how-to" / "configure.md", "## Serve two clusters or two clouds")[0]
     parsed = parse(yaml.safe_load(block), env={"SCW_PAR_KEY": SECRET, "SCW_AMS_KEY": SECRET})
     assert [b.name for b in parsed.backends] == ["scw-par", "scw-ams"]
+
+
+def test_the_scaleway_public_mode_example_validates():
+    # docs/reference/scaleway.md, "Public mode": the first yaml block after that heading.
+    doc = next(p for p in (ROOT / "docs").rglob("scaleway.md") if "## Public mode" in p.read_text())
+    block = yaml_blocks(doc, "## Public mode")[0]
+    (backend,) = parse(yaml.safe_load(block), env={"SCW_SECRET_KEY": SECRET}).backends
+    assert backend.cloud.public and sorted(backend.cloud.pools) == ["gpu-l4", "workers"]
 
 
 @pytest.mark.parametrize(
@@ -541,6 +581,32 @@ def test_a_misspelt_type_is_one_problem_that_says_did_you_mean():
     assert [(p.key, p.problem, p.fix) for p in result.problems] == [
         ("backends[0].type", "'scalway' is not a supported cloud (did you mean scaleway?)", "write scaleway")
     ]  # and no "scaleway.secret_key_env: unknown key ... use one of: ..., secret_key_env"
+
+
+@pytest.mark.parametrize(
+    ("backend", "env"),
+    [
+        ({"type": "scalway", "scaleway": {"region": "fr-par"}}, {"CLUSTER_ID": CLUSTER, "SCW_SECRET_KEY": SECRET}),
+        (
+            {"type": "bizfy", "bizfly": {"region": "HN"}},
+            {
+                "CLUSTER_NAME": "ke1m4ea3j8w6kkvp",
+                "BIZFLYCLOUD_EMAIL": "ops@example.com",
+                "BIZFLYCLOUD_PASSWORD": SECRET,
+            },
+        ),
+    ],
+    ids=["scaleway", "bizfly"],
+)
+def test_a_misspelt_type_does_not_hide_what_the_upstream_variables_set(backend, env):
+    """The shipped layouts give the cluster and the key in the upstream variables: with a misspelt type
+    they still apply to the backend's one cloud mapping, so the did-you-mean is the only problem (it
+    came with two false "is not set" ones)."""
+    result = validate({"backends": [backend]}, env=env)
+    cloud = next(key for key in backend if key != "type")
+    assert [(p.key, p.fix) for p in result.problems] == [("backends[0].type", f"write {cloud}")]
+    fixed = validate({"backends": [{**backend, "type": cloud}]}, env=env)
+    assert fixed.config is not None, fixed.problems  # the type was the one mistake
 
 
 def test_a_type_far_from_any_cloud_lists_the_clouds():

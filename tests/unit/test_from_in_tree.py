@@ -287,6 +287,7 @@ def test_helm_values_are_the_shipped_ones_with_the_converted_config() -> None:
     assert values["extraVolumes"] == shipped["extraVolumes"]
     assert values["extraVolumeMounts"] == shipped["extraVolumeMounts"]
     assert values["extraArgs"]["cloud-config"] == shipped["extraArgs"]["cloud-config"]
+    assert values["updateStrategy"] == shipped["updateStrategy"] == {"type": "Recreate"}
     assert "envFromSecret" not in values and values["cloudProvider"] == "externalgrpc"
     objects = {o["metadata"]["name"]: o["data"] for o in values["extraObjects"]}
     assert yaml.safe_load(objects["ca-externalgrpc-config"]["config.yaml"]) == conversion.config
@@ -300,7 +301,7 @@ def test_helm_values_of_the_service_layout_are_the_shipped_ones() -> None:
     conversion = convert("bizflycloud", BIZFLY_PASSWORD_ENV, layout="service")
     values = from_in_tree.migrated_values(conversion, {"cloudProvider": "bizflycloud", "extraArgs": {"v": 4}}, "x")
     shipped = yaml.safe_load((DEPLOY / "helm" / "values-mtls-service.yaml").read_text())
-    for key in ("extraVolumes", "extraVolumeMounts", "podLabels"):
+    for key in ("extraVolumes", "extraVolumeMounts", "podLabels", "updateStrategy"):
         assert values[key] == shipped[key], key
     assert values["extraArgs"] == {"v": 4, "cloud-config": "/config/cloud-config"}  # the operator's flags stay
     assert "initContainers" not in values and "extraObjects" not in values
@@ -362,6 +363,16 @@ def test_from_in_tree_names_every_problem_of_a_broken_input_and_fails(tmp_path: 
         "  - environment variable BIZFLYCLOUD_API_URL (for backends[0].bizfly.api_url)",
     ]
     assert all(". Fix: " in line for line in lines[1:])
+    # The variables came from the file: the fix is a line of that file, not an export in this shell.
+    assert lines[1].endswith(
+        "Fix: add the line CLUSTER_NAME=<the cluster UID from the Bizfly dashboard, e.g. ke1m4ea3j8w6kkvp> "
+        f"to {env_file}"
+    )
+    assert lines[2].endswith(f"Fix: add the line BIZFLYCLOUD_EMAIL=<the login e-mail> to {env_file}")
+    from_environment = run_cli(
+        "config", "from-in-tree", "--cloud-provider", "bizflycloud", env={"BIZFLYCLOUD_AUTH_METHOD": "password"}
+    )
+    assert from_environment.stderr.splitlines()[2].endswith("Fix: export BIZFLYCLOUD_EMAIL=<the login e-mail>")
 
 
 @pytest.mark.parametrize(
@@ -444,7 +455,7 @@ def test_from_in_tree_service_layout_names_the_secret_server_mtls_reads(tmp_path
 
 
 def test_from_in_tree_redirected_to_a_file_leaves_problems_on_the_terminal(tmp_path: Path) -> None:
-    # As docs/migration.md runs it: `... from-in-tree ... > config.yaml`, here with nothing set.
+    # As docs/reference/in-tree-differences.md runs it: `... from-in-tree ... > config.yaml`, here with nothing set.
     config = tmp_path / "config.yaml"
     with config.open("w") as out:
         done = subprocess.run(

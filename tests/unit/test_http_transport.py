@@ -452,7 +452,7 @@ def test_a_read_or_a_login_answered_2xx_with_a_json_value_that_is_not_an_object_
 
 
 def test_a_429_says_the_rate_limiter_refused(server, sleeps):
-    # Scaleway's gateway: no body, no Content-Type, no Retry-After (docs/scaleway.md, "Evidence").
+    # Scaleway's gateway: no body, no Content-Type, no Retry-After (docs/reference/scaleway.md, "Evidence").
     server.answer(Scripted(status=429, headers={"X-Envoy-Ratelimited": "true"}))
     transport = make(server, sleeps, retry=RetryPolicy(attempts=2, base_delay=0.2))
     with pytest.raises(CloudUnavailable, match=r"answered 429; the cloud's rate limiter refused it"):

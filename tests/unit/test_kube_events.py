@@ -208,7 +208,8 @@ KEY = "0f0e0d0c-0b0a-4908-8706-050403020100"
 
 
 def test_the_example_of_the_events_docs_is_a_valid_config() -> None:
-    text = (Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md").read_text().split("## Events", 1)[1]
+    reference = Path(__file__).resolve().parents[2] / "docs" / "reference" / "kubernetes-features.md"
+    text = reference.read_text().split("## Events", 1)[1]
     block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
     events = parse(_config_with(yaml.safe_load(block)["kubernetes"]), env={"SCW_REGION": "fr-par"}).kubernetes.events
     assert events.enabled and (events.burst, events.refill_interval) == (25, 10.0)

@@ -1,6 +1,6 @@
 """make release's checks (tests/support/release.py): every place names the one version, CHANGELOG.md has
 the release's entry, and each refusal is one line with its fix. The build itself is make wheels and
-make image; the release was run from a fresh clone (docs/operations.md, "Releases")."""
+make image; the release was run from a fresh clone (docs/how-to/release.md)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 
 from providers.config_errors import ConfigError
-from providers.errors import CloudUnavailable
+from providers.deadline import Deadline
+from providers.errors import CloudAuthFailed, CloudUnavailable
+from providers.http_transport import JsonResponse
 from providers.model import ErrorClass, InstanceState, NodeRef, Taint
 from providers.scaleway import CLOUD_TYPE
 from providers.scaleway.adapter import (
     SYNTHETIC_ID_PREFIX,
+    AutoscaledPools,
     ScalewayAdapter,
     debug_line,
     node_price,
@@ -26,6 +29,8 @@ from providers.scaleway.adapter import (
 from providers.scaleway.client import (
     Node,
     Pool,
+    ScalewayClient,
+    ServerType,
     _parse_node,
     _parse_pool,
     is_auth_failure,
@@ -36,11 +41,17 @@ from providers.scaleway.config import ScalewayConfig, parse_config
 from providers.scaleway.statuses import instance_status
 from providers.scaleway.templates import (
     GPU_LABEL,
+    catalog_machine,
     instance_type,
     parse_taints,
     pool_template,
+    reserved_memory,
+    reserved_millicores,
     same_instance_type,
+    tag_labels,
+    tag_taints,
 )
+from server.diagnosis import Advisor
 
 SECRET = "11111111-2222-3333-4444-555555555555"
 KEY = "backends[0].scaleway"
@@ -73,7 +84,7 @@ def make_node(node_id: str, pool_id: str = "pool-1", status: str = "ready", prov
     return Node(id=node_id, pool_id=pool_id, provider_id=pid, name=f"scw-{node_id}", status=status, error_message="")
 
 
-# ------------------------------------------------------------------ status mapping (docs/scaleway.md, "Status mapping")
+# -------------------------------------------------------- status mapping (docs/reference/scaleway.md, "Status mapping")
 
 
 @pytest.mark.parametrize(
@@ -130,7 +141,7 @@ def test_other_creation_errors_are_class_other_with_a_default_message():
     assert instance_status("creation_error", "image pull failed")[1].error_class == ErrorClass.OTHER
 
 
-# ---------------------------------------------------------------------- taints (docs/scaleway.md, "Templates")
+# --------------------------------------------------------------------- taints (docs/reference/scaleway.md, "Templates")
 
 
 def test_parse_taints_upstream_table():
@@ -280,7 +291,9 @@ def test_only_autoscaled_pools_become_groups_and_orphan_nodes_are_dropped():
     ]
     nodes = [make_node("n1", "p1"), make_node("n2", "p1"), make_node("n3", "p2"), make_node("n4", "p3")]
     nodes.append(make_node("n5", "missing-pool"))
-    groups = {g.id: g for g in to_groups(pools, nodes, "fr-par")}
+    selected, problems = AutoscaledPools().select(pools)
+    groups = {g.id: g for g in to_groups(selected, nodes, "fr-par")}
+    assert problems == []
     assert set(groups) == {"p1", "p2"}
     assert len(groups["p1"].instances) == 2
     assert len(groups["p2"].instances) == 1
@@ -314,7 +327,7 @@ def test_debug_line_matches_upstream_format():
         assert part in line
 
 
-# ---------------------------------------------------------------------- prices (docs/scaleway.md, "Templates", prices)
+# ------------------------------------------------------------- prices (docs/reference/scaleway.md, "Templates", prices)
 
 
 def test_node_price_rounds_hours_up():
@@ -487,3 +500,129 @@ def test_secret_never_in_repr_or_str():
     assert SECRET not in repr(config)
     assert SECRET not in str(config)
     assert config.secrets == (SECRET,)
+
+
+# ---------------------------------------------------------------------- public mode
+
+
+@pytest.mark.parametrize(
+    ("tag", "label"),
+    [
+        ("word", ("k8s.scaleway.com/word", "")),
+        ("noprefix=word", ("word", "")),
+        ("equal1=value", ("k8s.scaleway.com/equal1", "value")),
+        ("noprefix=node.kubernetes.io/role=myrole", ("node.kubernetes.io/role", "myrole")),
+        ("equal6= =value", ("k8s.scaleway.com/equal6", "value")),
+        ("colon4: value", ("k8s.scaleway.com/colon4", "value")),
+        ("two space word", ("k8s.scaleway.com/two", "space")),
+        ("noprefix=a/b/c=d", None),  # two slashes
+        ("noprefix=/b=c", None),  # an empty domain
+        ("bad_=x", None),  # a key must end alphanumeric
+        ("taint=k=v:NoSchedule", None),  # a taint, not a label
+    ],
+)
+def test_pool_tags_become_node_labels_as_the_cloud_controller_manager_documents(tag, label):
+    # The cases of the controller's own table (scaleway-cloud-controller-manager, scaleway/sync_test.go).
+    assert tag_labels([tag]) == (dict([label]) if label else {})
+
+
+@pytest.mark.parametrize(
+    ("tag", "taint"),
+    [
+        ("taint=word=word:NoExecute", ("k8s.scaleway.com/word", "word:NoExecute")),
+        ("taint=noprefix=dash-word=dash-word:PreferNoSchedule", ("dash-word", "dash-word:PreferNoSchedule")),
+        ("taint=noprefix=node.k8s.io/dash=x:NoSchedule", ("node.k8s.io/dash", "x:NoSchedule")),
+        ("taint=gpu:NoSchedule", ("k8s.scaleway.com/gpu", "NoSchedule")),
+        ("taint=dash-word=dash-word:foo", None),  # not an effect
+        ("taint=dash-word=dash-word", None),  # no effect
+        ("taint=", None),
+    ],
+)
+def test_taint_tags_become_node_taints(tag, taint):
+    assert tag_taints([tag]) == (dict([taint]) if taint else {})
+
+
+def test_the_reservations_of_our_reading_grow_slower_than_the_machine():
+    assert [reserved_millicores(c) for c in (1, 2, 4, 8)] == [60, 70, 80, 90]
+    mib = 1024**2
+    assert reserved_memory(4 * 1024 * mib) == 1024 * mib + 100 * mib  # a quarter of 4 GiB, and the eviction 100 Mi
+    assert reserved_memory(8 * 1024 * mib) < reserved_memory(16 * 1024 * mib) < 16 * 1024 * mib // 4
+
+
+def test_a_catalog_machine_carries_the_types_resources_and_the_pools_volume_and_pods():
+    server = ServerType("L4-1-24G", 8, 48 * 1024**3, 1, "L4", "x86_64", 0.7875)
+    machine = catalog_machine(server, make_pool(node_type="l4_1_24g", root_volume_size=100_000_000_000, max_pods=50))
+    assert machine.capacity == {
+        "cpu": "8",
+        "memory": str(48 * 1024**3),
+        "pods": "50",
+        "ephemeral-storage": "100000000000",
+        "nvidia.com/gpu": "1",
+    }
+    assert machine.allocatable["cpu"] == "7910m" and machine.allocatable["ephemeral-storage"] == "90000000000"
+    assert (machine.arch, machine.price_per_hour) == ("amd64", 0.7875)
+    arm = catalog_machine(replace(server, gpus=0, arch="arm64"), make_pool(node_type="coparm1_4c_16g"))
+    assert arm.arch == "arm64" and "ephemeral-storage" not in arm.capacity and arm.capacity["pods"] == "110"
+
+
+def test_public_mode_config_mistakes_are_named_with_their_fix():
+    base = {"cluster_id": "c", "secret_key": SECRET, "mode": "public"}
+    with pytest.raises(ConfigError) as info:
+        parse_config(KEY, base, {}, True)
+    assert f"{KEY}.pools: the public mode manages only the pools it is given" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            KEY,
+            {**base, "pools": {"Bad Name": {"min_size": 0, "max_size": 1}, "a": {"min_size": 4, "max_size": 2}}},
+            {},
+            True,
+        )
+    assert "is not a Kapsule pool name or id" in str(info.value) and "min_size 4 is above max_size 2" in str(info.value)
+    with pytest.raises(ConfigError, match=r"pools is read only in the public mode.*set mode: public, or remove pools"):
+        parse_config(KEY, {**base, "mode": "private", "pools": {"a": {"min_size": 0, "max_size": 1}}}, {}, True)
+    config = parse_config(KEY, {**base, "pools": {"workers": {"min_size": 0, "max_size": 4}}}, {}, True)
+    assert config.public and config.pools["workers"].max_size == 4
+    assert not parse_config(KEY, {"cluster_id": "c", "secret_key": SECRET}, {}, True).public  # private by default
+
+
+class _CatalogPages:
+    """A transport answering the product list with fixed pages (the recorded shape: no total_count in the body)."""
+
+    def __init__(self, pages: list[dict[str, Any]], total: int) -> None:
+        self.pages, self.total, self.asked = pages, total, []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _CatalogPages:
+        return self
+
+    def request(self, method: str, path: str, **options: Any) -> JsonResponse:
+        self.asked.append(options["params"])
+        page = options["params"]["page"]
+        body = {"servers": self.pages[page - 1] if page <= len(self.pages) else {}}
+        return JsonResponse(200, {"X-Total-Count": str(self.total)}, body)
+
+
+def test_the_catalog_is_read_to_its_total_and_an_odd_entry_costs_only_that_type():
+    entry = {"ncpus": 2, "ram": 8 * 1024**3, "gpu": 0, "arch": "x86_64", "hourly_price": 0.05}
+    first = {f"T{i}": entry for i in range(99)} | {"ODD": {**entry, "ram": None}}
+    pages = _CatalogPages([first, {"LAST": entry}], total=101)
+    config = ScalewayConfig(
+        cluster_id="c", secret_key=SECRET, mode="public", pools={"p": {"min_size": 0, "max_size": 1}}
+    )
+    types = ScalewayClient(config, transport_factory=pages).list_server_types("fr-par-1", Deadline.after(5))
+    assert "ODD" not in types and {"T0", "T98", "LAST"} <= set(types) and len(types) == 100
+    assert [p["page"] for p in pages.asked] == [1, 2]  # a full first page, then a short one ends it
+    assert pages.asked[0]["per_page"] == 100
+
+
+def test_a_403_in_the_public_mode_names_the_permission_sets_the_key_needs():
+    public = parse_config(
+        KEY,
+        {"cluster_id": "c", "secret_key": SECRET, "mode": "public", "pools": {"p": {"min_size": 0, "max_size": 1}}},
+        {},
+        True,
+    )
+    refused = CloudAuthFailed("scaleway API GET /k8s/v1/regions/{region}/clusters/{cluster_id}/pools answered 403")
+    check = Advisor("scaleway", public, {"cluster_id": f"{KEY}.cluster_id"}).diagnose(refused).check
+    assert "KubernetesFullAccess and InstancesReadOnly on the project of" in check
+    private = parse_config(KEY, {"cluster_id": "c", "secret_key": SECRET}, {}, True)
+    assert "KubernetesFullAccess" not in Advisor("scaleway", private, {}).diagnose(refused).check

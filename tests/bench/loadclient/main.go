@@ -1,7 +1,7 @@
 // Command loadclient replays the Cluster Autoscaler's per-loop externalgrpc call pattern (CA >= 1.35)
 // against one or more servers, one call after another as the CA main loop issues them, and writes
 // the timings as JSON. It is driven by tests/bench/run.py; tests/bench/README.md describes one loop
-// and docs/performance.md the CA functions each call comes from. With several -target flags the
+// and docs/explanation/performance.md the CA functions each call comes from. With several -target flags the
 // loops alternate between the targets (A, B, A, B, ...) so that machine drift affects all alike.
 package main
 
@@ -116,7 +116,7 @@ type callFunc func(rpc string, f func(ctx context.Context) error) error
 
 // loop runs one CA loop and returns its wall time and the number of RPCs issued. The order and the
 // counts follow one RunOnce of CA 1.36.1 in a steady cluster with scale-down enabled; the source
-// functions are named in docs/performance.md ("The call pattern of CA >= 1.35").
+// functions are named in docs/explanation/performance.md ("The call pattern of CA 1.35 and later").
 func (t *target) loop(nodes []*pb.ExternalGrpcNode, timeout time.Duration, measure bool) (time.Duration, int) {
 	calls := 0
 	call := func(rpc string, f func(ctx context.Context) error) error {

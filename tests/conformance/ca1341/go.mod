@@ -5,7 +5,7 @@
 // version list is empty), and the commit of the tag cluster-autoscaler-1.34.1 could not be
 // established from here. The pin below is master at 2025-06-13 (1959f5f61f6c). It carries the
 // same externalgrpc client generation as 1.34.1: its protos/externalgrpc.proto has git blob
-// 0e87886666, the blob of every release 1.33.0-1.34.1 (docs/protocol.md, "Field generations by
+// 0e87886666, the blob of every release 1.33.0-1.34.1 (docs/reference/protocol.md, "Field generations by
 // CA release"), and its externalgrpc_node_group.go behaves as 1.34.1's: it reads the template
 // from field 1 only, sends options fields 6 and 7, and reads the durations from fields 3, 4, 5.
 // Replace it with the tag commit's pseudo-version once that is known; nothing else changes.

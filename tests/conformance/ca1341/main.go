@@ -1,7 +1,7 @@
 // Conformance driver for the cluster-autoscaler 1.34.1 generation of the externalgrpc client:
 // the old field generation (template only in NodeGroupTemplateNodeInfoResponse field 1, options
 // durations as meta.v1.Duration fields 3/4/5, pricing fields 1/2/3), which a server must keep
-// serving (docs/protocol.md, "Field generations by CA release").
+// serving (docs/reference/protocol.md, "Field generations by CA release").
 //
 // The pinned CA commit is named in go.mod together with why it stands for 1.34.1. The checks
 // themselves live in ../checks and are shared with the other CA versions.

@@ -152,7 +152,7 @@ func (r *Runner) Check(name string, err error, okDetail string) {
 }
 
 // Guard runs one check and turns a panic inside the CA client into a failure of that check
-// (the client dereferences absent option durations up to 1.34.5, docs/protocol.md, "What crashes
+// (the client dereferences absent option durations up to 1.34.5, docs/reference/protocol.md, "What crashes
 // the CA or stops its loop"), so the
 // remaining checks still run and the report names the RPC that crashed.
 func (r *Runner) Guard(name string, check func()) {
@@ -597,7 +597,7 @@ func checkTemplate(r *Runner, name string, g caapi.NodeGroup, want *Template) {
 		}
 	}
 	// Without these the CA's scheduler simulation rejects every pod ("Too many pods",
-	// "Insufficient cpu"), whatever the rest of the template says (docs/protocol.md, "Templates for
+	// "Insufficient cpu"), whatever the rest of the template says (docs/reference/protocol.md, "Templates for
 	// scale-from-zero").
 	for _, res := range []apiv1.ResourceName{apiv1.ResourcePods, apiv1.ResourceCPU, apiv1.ResourceMemory} {
 		if q, ok := n.Status.Allocatable[res]; !ok || q.Sign() <= 0 {

@@ -1,7 +1,7 @@
 // Wire-identical to the upstream cluster-autoscaler externalgrpc CloudProvider proto
 // (cluster-autoscaler/cloudprovider/externalgrpc/protos/externalgrpc.proto), with the legacy
 // fields of CA <= 1.34 kept at their original numbers so that one server serves both field
-// generations (docs/protocol.md, "Field generations by CA release").
+// generations (docs/reference/protocol.md, "Field generations by CA release").
 //
 // Legacy fields whose upstream type is a k8s.io message are declared with a wire-identical local
 // type: an embedded message and `bytes` share wire type 2, meta.v1.Time has the layout of
