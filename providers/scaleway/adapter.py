@@ -168,10 +168,23 @@ class Selected:
     max_size: int
 
 
+@dataclass(frozen=True, slots=True)
+class PoolFinding:
+    """One entry of ``scaleway.pools`` the public mode does not serve as written: the server logs it, and
+    ``validate --online`` names it as a problem of the setting ``pools.<key>``."""
+
+    key: str  # the entry of scaleway.pools (a pool name or id)
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"scaleway.pools.{self.key}: {self.problem}; {self.fix}"
+
+
 class AutoscaledPools:
     """Private mode: every pool whose Kapsule autoscaling is on, within the pool's own bounds (as upstream)."""
 
-    def select(self, pools: Iterable[Pool]) -> tuple[list[Selected], list[str]]:
+    def select(self, pools: Iterable[Pool]) -> tuple[list[Selected], list[PoolFinding]]:
         return [Selected(p, p.min_size, p.max_size) for p in pools if p.autoscaling], []
 
 
@@ -179,42 +192,65 @@ class ConfiguredPools:
     """Public mode: the pools ``scaleway.pools`` names (by name or id), within the config's bounds; a named
     pool whose Kapsule autoscaling is on is left to Kapsule's managed autoscaler, with one line saying so."""
 
-    def __init__(self, pools: Mapping[str, PoolBounds], region: str) -> None:
+    def __init__(self, pools: Mapping[str, PoolBounds], region: str, cluster_id: str) -> None:
         self.pools = dict(pools)
         self.region = region
+        self.cluster_id = cluster_id
 
-    def select(self, pools: Iterable[Pool]) -> tuple[list[Selected], list[str]]:
+    def select(self, pools: Iterable[Pool]) -> tuple[list[Selected], list[PoolFinding]]:
         listed = list(pools)
         chosen: dict[str, Selected] = {}
-        problems: list[str] = []
+        named_by: dict[str, str] = {}  # pool id -> the entry that chose it
+        findings: list[PoolFinding] = []
         for key, bounds in self.pools.items():
             matches = [p for p in listed if key in (p.id, p.name)]
             if not matches:
-                problems.append(
-                    f"scaleway.pools names {key!r}, but the cluster has no pool of that name or id; no node group "
-                    "for it (check the name with `scw k8s pool list cluster-id=<id>`)"
+                findings.append(
+                    PoolFinding(
+                        key,
+                        "the cluster has no pool of that name or id, so no node group comes of it",
+                        f"name a pool as `scw k8s pool list cluster-id={self.cluster_id} region={self.region}` shows "
+                        f"it (its name or its id), or remove {key!r} from scaleway.pools",
+                    )
                 )
                 continue
             if len(matches) > 1:
                 ids = ", ".join(p.id for p in matches)
-                problems.append(
-                    f"scaleway.pools names {key!r}, which is the name of {len(matches)} pools ({ids}); none of them "
-                    "is a node group: name the pool by its id instead"
+                findings.append(
+                    PoolFinding(
+                        key,
+                        f"{len(matches)} pools of the cluster are named {key!r} ({ids}), so none of them is a "
+                        "node group",
+                        "name the pool by its id instead",
+                    )
                 )
                 continue
             pool = matches[0]
             if pool.autoscaling:
-                problems.append(
-                    f"pool {pool.name!r} ({pool.id}) is left untouched: its Kapsule autoscaling is on, so Scaleway's "
-                    "managed autoscaler sizes it; switch it off (console: the pool's settings, or `scw k8s pool update "
-                    f"{pool.id} autoscaling=false region={self.region}`) or remove {key!r} from scaleway.pools"
+                findings.append(
+                    PoolFinding(
+                        key,
+                        f"pool {pool.name!r} ({pool.id}) is left untouched: its Kapsule autoscaling is on, so "
+                        "Kapsule's managed autoscaler also manages it",
+                        f"switch its autoscaling off (console: the pool's settings, or `scw k8s pool update {pool.id} "
+                        f"autoscaling=false region={self.region}`), or remove {key!r} from scaleway.pools",
+                    )
                 )
                 continue
             if pool.id in chosen:
-                problems.append(f"scaleway.pools names pool {pool.id} twice (by name and by id); the first is used")
+                first = named_by[pool.id]
+                findings.append(
+                    PoolFinding(
+                        key,
+                        f"names pool {pool.id}, which {first!r} names too (one by name, one by id); the bounds of "
+                        f"{first!r} are used",
+                        "remove one of the two entries",
+                    )
+                )
                 continue
             chosen[pool.id] = Selected(pool, bounds.min_size, bounds.max_size)
-        return list(chosen.values()), problems
+            named_by[pool.id] = key
+        return list(chosen.values()), findings
 
 
 def to_group(selected: Selected, nodes: Iterable[Node], region: str, machine: Machine | None = None) -> GroupState:
@@ -260,6 +296,8 @@ class CatalogCache:
         self._clock = clock
         self._zones: dict[str, tuple[float, Mapping[str, ServerType]]] = {}
         self._failed: dict[str, float] = {}
+        # Why each zone's last read failed, until one succeeds (validate --online names it).
+        self.failures: dict[str, DomainError] = {}
 
     def types(self, zone: str, deadline: Deadline) -> Mapping[str, ServerType]:
         now = self._clock()
@@ -270,6 +308,7 @@ class CatalogCache:
             fresh = self._client.list_server_types(zone, deadline)
         except DomainError as err:
             self._failed[zone] = now
+            self.failures[zone] = err
             permission = (
                 " (the key needs to read the Instance API: an IAM policy with InstancesReadOnly, or "
                 "InstancesFullAccess, for the cluster's project)"
@@ -286,6 +325,7 @@ class CatalogCache:
             )
             return types
         self._failed.pop(zone, None)
+        self.failures.pop(zone, None)
         self._zones[zone] = (now, fresh)
         return fresh
 
@@ -312,14 +352,17 @@ class ScalewayAdapter(CloudAdapter):
         self.config = config
         self.client = client or ScalewayClient(config, retry=retry, breaker=breaker)
         self._region = config.region
-        self.selection = ConfiguredPools(config.pools, config.region) if config.public else AutoscaledPools()
+        self.selection = (
+            ConfiguredPools(config.pools, config.region, config.cluster_id) if config.public else AutoscaledPools()
+        )
         self.catalog = CatalogCache(self.client) if config.public else None
         # Last pools seen (groups only), for GPU types; replaced whole, never mutated. Public mode: what the
         # catalog says a new node of each is (pool id -> Machine).
         self._pools: Mapping[str, Pool] = {}
         self._machines: Mapping[str, Machine] = {}
         self._pools_lock = threading.Lock()
-        self._problems: tuple[str, ...] = ()  # the selection's last findings, logged when they change
+        # The selection's findings at the last listing (logged when they change; validate --online names them).
+        self.findings: tuple[PoolFinding, ...] = ()
 
     # ------------------------------------------------------------------ reads
     def list_groups(self, deadline: Deadline) -> CloudListing:
@@ -358,11 +401,11 @@ class ScalewayAdapter(CloudAdapter):
         return group
 
     def _select(self, pools: Iterable[Pool]) -> list[Selected]:
-        selected, problems = self.selection.select(pools)
-        if tuple(problems) != self._problems:
-            self._problems = tuple(problems)
-            for line in problems:
-                log.warning("%s", line, extra={"cluster_id": self.config.cluster_id})
+        selected, findings = self.selection.select(pools)
+        if tuple(findings) != self.findings:
+            self.findings = tuple(findings)
+            for finding in findings:
+                log.warning("%s", finding, extra={"cluster_id": self.config.cluster_id})
         return selected
 
     def _catalog_machines(self, pools: Iterable[Pool], deadline: Deadline) -> dict[str, Machine]:
@@ -478,7 +521,7 @@ class ScalewayAdapter(CloudAdapter):
         self.client.transport.guard_writes(gate)
 
     def health_detail(self) -> str:
-        refused = f"; {len(self._problems)} configured pool(s) not served (see the log)" if self._problems else ""
+        refused = f"; {len(self.findings)} problem(s) with scaleway.pools (see the log)" if self.findings else ""
         return (
             f"scaleway API {self.config.api_url} region {self._region} ({self.config.mode} mode): breaker "
             f"{self.client.transport.breaker_state}{refused}"

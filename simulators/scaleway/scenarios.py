@@ -153,6 +153,25 @@ def demo_scenario() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def demo_public_cluster() -> dict[str, Any]:
+    """A cluster for the public (self-managed) mode: two pools with Kapsule autoscaling off, in two zones, for
+    our CA (``web`` with a node, ``jobs`` at size 0 with a label and a taint from its tags), and one with it on,
+    which Kapsule's managed autoscaler owns and the public mode leaves alone."""
+    rng = random.Random(20_260_102)
+    return {
+        "id": _stable_id(rng),
+        "name": "demo-self-managed",
+        "pools": [
+            {"id": _stable_id(rng), "name": "web", "node_type": "PRO2-XS", "size": 1, "autoscaling": False,
+             "zone": "fr-par-1", "tags": ["workload=web"]},
+            {"id": _stable_id(rng), "name": "jobs", "node_type": "DEV1-L", "size": 0, "autoscaling": False,
+             "zone": "fr-par-2", "tags": ["noprefix=team=data", "taint=dedicated=jobs:NoSchedule"]},
+            {"id": _stable_id(rng), "name": "managed", "node_type": "DEV1-M", "size": 1, "min_size": 1,
+             "max_size": 3},
+        ],
+    }  # fmt: skip
+
+
 def generated_cluster(pools: int, nodes: int, seed: int = 0) -> dict[str, Any]:
     """A large cluster for benchmarks: ``pools`` autoscaling pools sharing ``nodes`` ready nodes."""
     if pools < 1 or nodes < 0:

@@ -26,8 +26,9 @@ from tests.deploy.rendering import (
 #: Kubernetes API versions the manifests must be valid for: the oldest minor still commonly run
 #: and the minors matching the two CA releases the conformance suite exercises (1.34.1, 1.36.1).
 KUBERNETES_VERSIONS = ("1.30.0", "1.34.0", "1.36.0")
-#: CA images we test the protocol against (tests/conformance); the manifests must pin one of them.
-TESTED_CA_TAGS = {"v1.34.1", "v1.36.1"}
+#: CA images that run against our server in the compatibility matrix (tests/e2e/test_ca_matrix.py); the
+#: manifests must pin one of them.
+TESTED_CA_TAGS = {"v1.33.6", "v1.34.5", "v1.35.2", "v1.36.1"}
 CA_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
 CERT_MANAGER_GROUP = "cert-manager.io"
 SIDECAR_OVERLAYS = ("overlays/scaleway", "overlays/bizfly")

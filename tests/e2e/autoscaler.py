@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,26 @@ BASE_FLAGS: dict[str, str] = {
     "max-inactivity": "10m",
     "max-failing-time": "10m",
 }
+
+
+@cache
+def known_flags(program: Path) -> frozenset[str]:
+    """The flags a cluster-autoscaler binary accepts, as its own ``--help`` lists them.
+
+    A CA stops at start on a flag it does not know (``unknown flag: --x``, exit status 2), and every
+    minor adds flags (1.35: ``--max-node-startup-time``, ``--scale-from-unschedulable`` ...), so what
+    the harness passes is checked against the binary it starts. (The listing is the same in every
+    release; up to 1.34 the CA then exits with status 2, "pflag: help requested", from 1.35 on with 0.)"""
+    proc = subprocess.run([str(program), "--help"], capture_output=True, text=True, timeout=60, check=False)
+    found = frozenset(re.findall(r"^\s+(?:-\w, )?--([a-z0-9][a-z0-9-]*)", proc.stdout + proc.stderr, re.MULTILINE))
+    if not found:
+        status = proc.returncode
+        raise AssertionError(f"`{program} --help` listed no flags (exit status {status}): {proc.stderr[-500:]}")
+    return found
+
+
+def unknown_flags(program: Path, flags: Mapping[str, object]) -> list[str]:
+    return sorted(set(flags) - known_flags(program))
 
 
 def write_cloud_config(path: Path, address: str, grpc_timeout: str = "5s") -> Path:
@@ -121,6 +143,11 @@ class Autoscaler:
             flags["cloud-config"] = str(cloud_config)
         # Metrics on a port the CA binds itself; read back from /proc once it runs.
         flags["address"] = "127.0.0.1:0"
+        if unknown := unknown_flags(program, flags):
+            raise AssertionError(
+                f"{program.name} has no flag {', '.join('--' + f for f in unknown)}: it would exit at start with "
+                "'unknown flag'; pass that flag only to the releases that have it (docs/reference/compatibility.md)"
+            )
         self.metrics_address = ""
         self.flags = flags
         self.argv = [str(program), *(f"--{k}={v}" for k, v in flags.items())]

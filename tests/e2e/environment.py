@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import kubernetes
+import yaml
 from kubernetes import client as k8s
 
 from devstack.clouds import bizfly_backend, scaleway_backend
@@ -48,27 +49,44 @@ DELETE_ROUTES = {"scaleway": ("delete_node", "public_delete_node"), "bizfly": ("
 
 
 @dataclass(frozen=True)
+class CaRelease:
+    """A cluster-autoscaler release and the control plane it runs against, by the names their build.toml
+    gives the binaries: ``cluster-autoscaler-<name>``, ``kube-apiserver-<kubernetes>``,
+    ``kube-scheduler-<kubernetes>``, ``etcd-<etcd>``."""
+
+    name: str  # "1.36.1", "head"
+    kubernetes: str  # the kube-apiserver and kube-scheduler release
+    etcd: str
+
+    @property
+    def cluster_autoscaler(self) -> str:
+        return f"cluster-autoscaler-{self.name}"
+
+    @property
+    def program_names(self) -> tuple[str, str, str, str]:
+        k8s = self.kubernetes
+        return (self.cluster_autoscaler, f"kube-apiserver-{k8s}", f"kube-scheduler-{k8s}", f"etcd-{self.etcd}")
+
+
+# What tests/e2e/gomod/build.toml declares: the CA every scenario runs, unless a scenario asks for
+# another release (the compatibility matrix, test_ca_matrix.py).
+CA_1_36_1 = CaRelease("1.36.1", kubernetes="1.36.2", etcd="3.6.8")
+
+
+@dataclass(frozen=True)
 class AutoscalerPrograms:
     control_plane: ControlPlanePrograms
     cluster_autoscaler: Path
+    release: CaRelease = CA_1_36_1
 
 
-# The programs tests/e2e/gomod/build.toml declares.
-CLUSTER_AUTOSCALER = "cluster-autoscaler-1.36.1"
-KUBE_APISERVER = "kube-apiserver-1.36.2"
-KUBE_SCHEDULER = "kube-scheduler-1.36.2"
-ETCD = "etcd-3.6.8"
-PROGRAM_NAMES = (CLUSTER_AUTOSCALER, KUBE_APISERVER, KUBE_SCHEDULER, ETCD)
-
-
-def find_programs() -> AutoscalerPrograms:
+def find_programs(release: CaRelease = CA_1_36_1) -> AutoscalerPrograms:
     """The binaries ``make build`` produced; GoBuildError, naming what is missing and how to build it."""
-    paths = {name: binary_path(name) for name in PROGRAM_NAMES}
+    ca, apiserver, scheduler, etcd = (binary_path(name) for name in release.program_names)
     return AutoscalerPrograms(
-        ControlPlanePrograms(
-            etcd=paths[ETCD], kube_apiserver=paths[KUBE_APISERVER], kube_scheduler=paths[KUBE_SCHEDULER]
-        ),
-        cluster_autoscaler=paths[CLUSTER_AUTOSCALER],
+        ControlPlanePrograms(etcd=etcd, kube_apiserver=apiserver, kube_scheduler=scheduler),
+        cluster_autoscaler=ca,
+        release=release,
     )
 
 
@@ -161,8 +179,11 @@ class OurServer:
                     records.append(record)
         return records
 
+    def node_groups(self) -> list[pb.NodeGroup]:
+        return list(self.process.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups)
+
     def group_ids(self) -> list[str]:
-        return [g.id for g in self.process.stub.NodeGroups(pb.NodeGroupsRequest(), timeout=5).nodeGroups]
+        return [g.id for g in self.node_groups()]
 
     def target(self, group_id: str) -> int:
         request = pb.NodeGroupTargetSizeRequest(id=group_id)
@@ -170,6 +191,26 @@ class OurServer:
 
     def instances(self, group_id: str) -> list[pb.Instance]:
         return list(self.process.stub.NodeGroupNodes(pb.NodeGroupNodesRequest(id=group_id), timeout=5).instances)
+
+
+# The CA's status ConfigMap (--write-status-configmap, on by default), in kube-system.
+STATUS_CONFIGMAP = "cluster-autoscaler-status"
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """One node group as the CA's status ConfigMap shows it."""
+
+    min_size: int
+    max_size: int
+    target: int
+    registered: int
+    ready: int
+    scale_up: str
+    health: str = ""
+
+    def sizes(self) -> tuple[int, int, int]:
+        return (self.min_size, self.max_size, self.target)
 
 
 @dataclass
@@ -402,6 +443,55 @@ class E2EEnvironment:
 
     def events(self, reason: str) -> list[Any]:
         return [e for e in self.core.list_event_for_all_namespaces().items if e.reason == reason]
+
+    def status_document(self, since: float | None = None) -> dict[str, Any]:
+        """The CA's status ConfigMap, parsed: empty until the running CA (or one started after ``since``)
+        has written it. A CA deletes it when it stops, so an older one is a previous CA's."""
+        try:
+            config_map = self.core.read_namespaced_config_map(STATUS_CONFIGMAP, "kube-system")
+        except kubernetes.client.ApiException as err:
+            if err.status == 404:
+                return {}
+            raise
+        if since is None:
+            since = self.autoscaler.started_at if self.autoscaler is not None else 0.0
+        created = config_map.metadata.creation_timestamp if config_map.metadata else None
+        if created is None or created.timestamp() < since - 1:
+            return {}
+        document = yaml.safe_load((config_map.data or {}).get("status", "")) or {}
+        return document if isinstance(document, dict) else {}
+
+    def status_written(self, since: float | None = None) -> tuple[str, dict[str, GroupStatus]]:
+        """When the running CA last wrote its status ConfigMap (its own ``time``), and the node groups there."""
+        document = self.status_document(since)
+        found = {}
+        for group in document.get("nodeGroups") or []:
+            health = group.get("health") or {}
+            registered = (health.get("nodeCounts") or {}).get("registered") or {}
+            found[str(group["name"])] = GroupStatus(
+                min_size=int(health.get("minSize", 0)),
+                max_size=int(health.get("maxSize", 0)),
+                target=int(health.get("cloudProviderTarget", 0)),
+                registered=int(registered.get("total", 0)),
+                ready=int(registered.get("ready", 0)),
+                scale_up=str((group.get("scaleUp") or {}).get("status", "")),
+                health=str(health.get("status", "")),
+            )
+        return str(document.get("time", "")), found
+
+    def status(self) -> dict[str, GroupStatus]:
+        """The node groups of the CA's status ConfigMap; empty until the running CA has written it."""
+        return self.status_written()[1]
+
+    def settled_status(self, timeout: float = 60) -> dict[str, GroupStatus]:
+        """The status once every group has as many ready nodes as its target (the cloud and the CA agree)."""
+
+        def settled() -> dict[str, GroupStatus]:
+            found = self.status()
+            ok = found and all(g.ready == g.registered == g.target for g in found.values())
+            return found if ok else {}
+
+        return self.wait_for(settled, timeout, "the CA's status: every group's ready nodes equal to its target")
 
     def _machines_registered(self) -> bool:
         expected = sum(1 for m in _machines(self) if m)

@@ -14,8 +14,8 @@
   1.36.1 built with externalgrpc pointed at it.
 
 Each hand-over stops the CA first (SIGTERM: it deletes its status ConfigMap on the way out), so the
-status ConfigMap read afterwards is the new CA's own. ``status`` reads it; ``quiet_window`` checks the
-first loops after a switch.
+status ConfigMap read afterwards is the new CA's own (``E2EEnvironment.status`` reads only the running
+CA's). ``quiet_window`` checks the first loops after a switch.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from simulators.common.request_log import RecordedRequest
 from simulators.scaleway import ScalewaySimulator
 from tests.e2e.autoscaler import Autoscaler, LogEntry, write_cloud_config
 from tests.e2e.control_plane import ControlPlane
-from tests.e2e.environment import BACKEND_SYNC, AutoscalerPrograms, E2EEnvironment, Layout, OurServer
+from tests.e2e.environment import BACKEND_SYNC, AutoscalerPrograms, E2EEnvironment, GroupStatus, Layout, OurServer
 from tests.e2e.node_agent import NodeAgent, bizfly_source, scaleway_source
 from tests.support.gobuild import GoBuildError, binary_path
 from tests.support.https_intercept import BIZFLY_PRODUCTION_HOST, InterceptingProxy
@@ -52,7 +52,6 @@ IN_TREE_PROVIDER = {"scaleway": "scaleway", "bizfly": "bizflycloud"}
 # (60 s without the header; what Kapsule sends is not documented). Every 4 s keeps its view as fresh as
 # a couple of CA loops, so a phase settles in seconds.
 SCALEWAY_MAX_AGE_SECONDS = 4
-STATUS_CONFIGMAP = "cluster-autoscaler-status"
 #: routes that only read, or log in; every other request changes the cloud
 NOT_WRITES = {"token"}
 
@@ -65,21 +64,6 @@ def in_tree_program() -> Path:
     except GoBuildError as err:
         missing = str(err)
     pytest.fail(missing, pytrace=False)
-
-
-@dataclass(frozen=True)
-class GroupStatus:
-    """One node group as the CA's status ConfigMap shows it."""
-
-    min_size: int
-    max_size: int
-    target: int
-    registered: int
-    ready: int
-    scale_up: str
-
-    def sizes(self) -> tuple[int, int, int]:
-        return (self.min_size, self.max_size, self.target)
 
 
 @dataclass(frozen=True)
@@ -221,46 +205,6 @@ class MigrationEnvironment(E2EEnvironment):
             self.server = None
 
     # ------------------------------------------------------------------------------------- reads
-    def status(self) -> dict[str, GroupStatus]:
-        """The node groups of the CA's status ConfigMap; empty until the running CA has written it."""
-        return self.status_written()[1]
-
-    def status_written(self) -> tuple[str, dict[str, GroupStatus]]:
-        """When the running CA last wrote its status ConfigMap (its own ``time``), and the node groups there."""
-        try:
-            config_map = self.core.read_namespaced_config_map(STATUS_CONFIGMAP, "kube-system")
-        except kubernetes.client.ApiException as err:
-            if err.status == 404:
-                return "", {}
-            raise
-        created = config_map.metadata.creation_timestamp if config_map.metadata else None
-        if created is None or created.timestamp() < self.switched_at - 1:
-            return "", {}  # still the previous CA's (the CA deletes it when it stops)
-        document = yaml.safe_load((config_map.data or {}).get("status", "")) or {}
-        found = {}
-        for group in document.get("nodeGroups") or []:
-            health = group.get("health") or {}
-            registered = (health.get("nodeCounts") or {}).get("registered") or {}
-            found[str(group["name"])] = GroupStatus(
-                min_size=int(health.get("minSize", 0)),
-                max_size=int(health.get("maxSize", 0)),
-                target=int(health.get("cloudProviderTarget", 0)),
-                registered=int(registered.get("total", 0)),
-                ready=int(registered.get("ready", 0)),
-                scale_up=str((group.get("scaleUp") or {}).get("status", "")),
-            )
-        return str(document.get("time", "")), found
-
-    def settled_status(self, timeout: float = 60) -> dict[str, GroupStatus]:
-        """The status once every group has as many ready nodes as its target (the cloud and the CA agree)."""
-
-        def settled() -> dict[str, GroupStatus]:
-            found = self.status()
-            ok = found and all(g.ready == g.registered == g.target for g in found.values())
-            return found if ok else {}
-
-        return self.wait_for(settled, timeout, "the CA's status: every group's ready nodes equal to its target")
-
     def cloud_writes(self, since: float) -> list[RecordedRequest]:
         """Every request that changes the cloud since ``since`` (any method but GET, logins aside)."""
         sim = self.scw if self.cloud == "scaleway" else self.bz

@@ -22,9 +22,15 @@ from typing import Any
 import pytest
 
 from protos import externalgrpc_pb2 as pb
-from tests.e2e.environment import AutoscalerPrograms, E2EEnvironment, Layout, bizfly_pool, scaleway_pool
-from tests.e2e.migration import (
+from tests.e2e.environment import (
+    AutoscalerPrograms,
+    E2EEnvironment,
     GroupStatus,
+    Layout,
+    bizfly_pool,
+    scaleway_pool,
+)
+from tests.e2e.migration import (
     MigrationEnvironment,
     QuietWindow,
     in_tree_program,

@@ -1,11 +1,15 @@
-"""Fixtures the Scaleway backend tests share (test_scaleway_backend.py, test_scaleway_public.py)."""
+"""Fixtures the Scaleway backend tests share (test_scaleway_backend.py, test_scaleway_public.py), and the
+rule for the suite's second pass on another serving engine."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from devstack.harness import ENGINE_ENV
 from providers.backend import Backend
 
 
@@ -16,3 +20,23 @@ def backends() -> Iterator[list[Backend]]:
     yield made
     for backend in made:
         backend.stop()
+
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a pass with $CA_EXTERNALGRPC_TEST_ENGINE set (``make test`` runs tests/integration again on grpcio),
+    leave out the tests parametrised by ``engine``: they start both engines themselves and the first pass ran
+    them already; the pass is for the tests that take the engine from the environment."""
+    if not os.environ.get(ENGINE_ENV):
+        return
+    kept: list[pytest.Item] = []
+    repeated: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        named = callspec is not None and "engine" in callspec.params
+        (repeated if named and item.path.is_relative_to(HERE) else kept).append(item)
+    if repeated:
+        config.hook.pytest_deselected(items=repeated)
+        items[:] = kept

@@ -172,6 +172,13 @@ def test_demo_banner_commands_work_when_pasted_from_the_repository_root() -> Non
             )
             assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
             assert done.stdout.strip(), command
+            if " validate --online " in command:  # the demo's three backends, the public mode's among them
+                online = [line for line in done.stdout.splitlines() if ": online: " in line]
+                assert online == [
+                    f"{name}: online: OK"
+                    for name in ("scaleway-demo (scaleway)", "bizfly-demo (bizfly)", "scaleway-public-demo (scaleway)")
+                ], done.stdout
+        assert any(" validate --online --config " in c for c in commands), banner
     finally:
         assert demo.stop() == 0
 

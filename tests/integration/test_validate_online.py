@@ -28,7 +28,10 @@ from server.online import refuse_writes
 from simulators.bizfly import DEMO_CLUSTER_UID, BizflySimulator
 from simulators.bizfly import demo_scenario as bizfly_demo
 from simulators.common import ManualClock
+from simulators.common.faults import Fault
 from simulators.scaleway import ScalewaySimulator
+from simulators.scaleway.api import permissions_denied
+from simulators.scaleway.catalog import NODE_TYPES
 
 CONFIGURE = REPO_ROOT / "docs" / "how-to" / "configure.md"
 SECRET = "3f6c2a9e-1b7d-4e2a-9c1f-5a8b7d6e4c21"
@@ -50,6 +53,27 @@ KAPSULE = {
         }
     ]
 }  # fmt: skip
+# The same cluster as the public mode sees it: two pools with Kapsule autoscaling off (in two zones) for our CA,
+# one with it on (Kapsule's managed autoscaler's).
+MANAGED = "1b6f1b0e-7f63-4c1c-9a55-2b8e3c4d5e04"
+KAPSULE_PUBLIC = {
+    "clusters": [
+        {
+            "id": CLUSTER,
+            "name": "prod",
+            "region": "fr-par",
+            "pools": [
+                {"id": GENERAL, "name": "general", "node_type": "PRO2-XXS", "size": 2, "autoscaling": False,
+                 "zone": "fr-par-1"},
+                {"id": BATCH, "name": "batch", "node_type": "DEV1-M", "size": 0, "autoscaling": False,
+                 "zone": "fr-par-2", "tags": ["taint=dedicated=batch:NoSchedule"]},
+                {"id": MANAGED, "name": "managed", "node_type": "PRO2-XXS", "size": 1, "min_size": 1, "max_size": 3},
+            ],
+        }
+    ]
+}  # fmt: skip
+# One pool named by its name, one by its id; the bounds are the config's.
+PUBLIC_POOLS = {"general": {"min_size": 2, "max_size": 8}, BATCH: {"min_size": 0, "max_size": 4}}
 SCW = "backends[0].scaleway"
 BZ = "backends[0].bizfly"
 
@@ -65,6 +89,16 @@ def no_cloud_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 def kapsule() -> Iterator[ScalewaySimulator]:
     with ScalewaySimulator(scenario=KAPSULE, clock=ManualClock(), secret_key=SECRET) as sim:
         yield sim
+
+
+@pytest.fixture
+def public_kapsule() -> Iterator[ScalewaySimulator]:
+    with ScalewaySimulator(scenario=KAPSULE_PUBLIC, clock=ManualClock(), secret_key=SECRET) as sim:
+        yield sim
+
+
+def public_backend(sim: ScalewaySimulator, pools: dict[str, Any] | None = None) -> dict[str, Any]:
+    return scaleway_backend(sim, name="kapsule", settings={"mode": "public", "pools": pools or dict(PUBLIC_POOLS)})
 
 
 @pytest.fixture
@@ -110,7 +144,9 @@ def test_kapsule_right_key_passes_and_lists_the_groups_with_their_bounds(
     assert reads_only(kapsule) == [("GET", "public_get_cluster"), ("GET", "list_pools"), ("GET", "list_nodes")]
 
 
-KAPSULE_CASES: dict[str, tuple[Callable[[dict[str, Any], ScalewaySimulator], None], str]] = {
+Change = Callable[[dict[str, Any], ScalewaySimulator], object]  # edits the backend entry or the simulator
+# The checks every mode shares (the key's shape, then the public cluster read): the same line in either mode.
+SHARED_CASES: dict[str, tuple[Change, str]] = {
     "wrong secret key": (
         lambda raw, sim: raw.update(secret_key="0b6d0c2e-4b3f-4e8a-8d2c-1f0e9b8a7c60"),
         f"{SCW}.secret_key: the Scaleway API refused this key (401 denied_authentication: no such key, or it was "
@@ -133,6 +169,24 @@ KAPSULE_CASES: dict[str, tuple[Callable[[dict[str, Any], ScalewaySimulator], Non
         lambda raw, sim: raw.update(region="nl-ams"),
         f"{SCW}.region: cluster {CLUSTER} is in fr-par, not in nl-ams. Fix: set it to fr-par",
     ),
+}
+
+
+def refuse(route: str) -> Change:
+    """The recorded IAM refusal (403 permissions_denied) on every request to ``route``."""
+    return lambda raw, sim: sim.inject(Fault(route=route, status=403, body=permissions_denied()))
+
+
+CLUSTER_READ_403 = (
+    f"{SCW}.secret_key: this key may not read Kubernetes clusters (403 permissions_denied on GET "
+    "/k8s/v1/regions/{region}/clusters/{cluster_id}). Fix: give the key's IAM user or application a policy with "
+)
+KAPSULE_CASES: dict[str, tuple[Change, str]] = {
+    **SHARED_CASES,
+    "403 on the cluster read": (
+        refuse("public_get_cluster"),
+        CLUSTER_READ_403 + "KubernetesFullAccess on the cluster's Project",
+    ),
     "403 on the private autoscaler endpoints": (
         lambda raw, sim: sim.set_behaviour(private_endpoints="refused"),
         f"{SCW}.mode (not set: the default): this key cannot use Kapsule's private autoscaler endpoints (GET "
@@ -142,20 +196,122 @@ KAPSULE_CASES: dict[str, tuple[Callable[[dict[str, Any], ScalewaySimulator], Non
 }
 
 
-@pytest.mark.parametrize("case", list(KAPSULE_CASES))
-def test_kapsule_mistake_is_one_line_naming_the_setting_and_exit_1(
-    case: str, kapsule: ScalewaySimulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+# ---------------------------------------------------------------------------------------------- Kapsule, public mode
+PUBLIC_CASES: dict[str, tuple[Change, str]] = {
+    **SHARED_CASES,
+    "403 on the cluster read": (
+        refuse("public_get_cluster"),
+        CLUSTER_READ_403 + "KubernetesFullAccess and InstancesReadOnly on the cluster's Project (the public mode "
+        "changes pools and reads the Instance product catalog)",
+    ),
+    "a named pool with Kapsule autoscaling on": (
+        lambda raw, sim: raw["pools"].update(managed={"min_size": 0, "max_size": 3}),
+        f"{SCW}.pools.managed: pool 'managed' ({MANAGED}) is left untouched: its Kapsule autoscaling is on, so "
+        "Kapsule's managed autoscaler also manages it. Fix: switch its autoscaling off (console: the pool's settings, "
+        f"or `scw k8s pool update {MANAGED} autoscaling=false region=fr-par`), or remove 'managed' from scaleway.pools",
+    ),
+    "a name that matches no pool": (
+        lambda raw, sim: raw["pools"].update(gpu={"min_size": 0, "max_size": 2}),
+        f"{SCW}.pools.gpu: the cluster has no pool of that name or id, so no node group comes of it. Fix: name a pool "
+        f"as `scw k8s pool list cluster-id={CLUSTER} region=fr-par` shows it (its name or its id), or remove 'gpu' "
+        "from scaleway.pools",
+    ),
+    "a name that matches two pools": (
+        lambda raw, sim: sim.add_pool("general", pool_id="1b6f1b0e-7f63-4c1c-9a55-2b8e3c4d5e05", autoscaling=False),
+        f"{SCW}.pools.general: 2 pools of the cluster are named 'general' ({GENERAL}, "
+        "1b6f1b0e-7f63-4c1c-9a55-2b8e3c4d5e05), so none of them is a node group. Fix: name the pool by its id instead",
+    ),
+    "a pool named twice": (
+        lambda raw, sim: raw["pools"].update({GENERAL: {"min_size": 0, "max_size": 3}}),
+        f"{SCW}.pools.{GENERAL}: names pool {GENERAL}, which 'general' names too (one by name, one by id); the bounds "
+        "of 'general' are used. Fix: remove one of the two entries",
+    ),
+    "403 on the product catalog": (
+        refuse("list_server_types"),
+        f"{SCW}.secret_key: this key may not read the Instance product catalog of fr-par-1, fr-par-2 (403 "
+        "permissions_denied on GET /instance/v1/zones/{zone}/products/servers), where the public mode finds each "
+        "node type's CPUs, memory, GPUs and price. Fix: add InstancesReadOnly on the cluster's Project to the key's "
+        "IAM policy (next to KubernetesFullAccess)",
+    ),
+}
+
+
+def test_kapsule_public_right_key_passes_and_lists_the_named_pools_with_the_configs_bounds(
+    public_kapsule: ScalewaySimulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    change, line = KAPSULE_CASES[case]
-    backend = scaleway_backend(kapsule, name="kapsule")
-    change(backend["scaleway"], kapsule)
-    code, out = validate_online(tmp_path, capsys, backend)
+    code, out = validate_online(tmp_path, capsys, public_backend(public_kapsule))
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[1:] == [
+        "kapsule (scaleway): online: OK",
+        f"  proved: the key reads cluster {CLUSTER} (prod, ready, Kubernetes 1.31.2) in fr-par: "
+        "GET /k8s/v1/regions/{region}/clusters/{cluster_id}",
+        "  proved: the public pool and node endpoints answer: GET /k8s/v1/regions/{region}/clusters/{cluster_id}/pools "
+        "and GET /k8s/v1/regions/{region}/clusters/{cluster_id}/nodes (2 of the 2 pools named in scaleway.pools are "
+        "node groups, 2 nodes in them)",
+        "  proved: the Instance product catalog answers for fr-par-1: GET /instance/v1/zones/{zone}/products/servers "
+        f"({len(NODE_TYPES)} commercial types)",
+        "  proved: the Instance product catalog answers for fr-par-2: GET /instance/v1/zones/{zone}/products/servers "
+        f"({len(NODE_TYPES)} commercial types)",
+        f"  group {GENERAL} (general): min 2, max 8, target 2",  # the config's bounds; nobody else scales it
+        f"  group {BATCH} (batch): min 0, max 4, target 0",
+        "  not checked: the writes the server makes (PATCH /k8s/v1/regions/{region}/pools/{pool_id}, DELETE "
+        "/k8s/v1/regions/{region}/nodes/{node_id}): validate --online never writes; the key's IAM policy must allow "
+        "them (KubernetesFullAccess)",
+    ]
+    assert reads_only(public_kapsule) == [
+        ("GET", "public_get_cluster"),
+        ("GET", "public_list_pools"),
+        ("GET", "public_list_nodes"),
+        ("GET", "list_server_types"),
+        ("GET", "list_server_types"),
+    ]
+
+
+# Each mode's cases: its scenario, its backend entry and its mistakes.
+Entry = Callable[[ScalewaySimulator], dict[str, Any]]
+MODES: dict[str, tuple[dict[str, Any], Entry, dict[str, tuple[Change, str]]]] = {
+    "private": (KAPSULE, lambda sim: scaleway_backend(sim, name="kapsule"), KAPSULE_CASES),
+    "public": (KAPSULE_PUBLIC, public_backend, PUBLIC_CASES),
+}
+
+
+@pytest.mark.parametrize(("mode", "case"), [(mode, case) for mode, (_, _, cases) in MODES.items() for case in cases])
+def test_kapsule_mistake_is_one_line_naming_the_setting_and_exit_1(
+    mode: str, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario, entry, cases = MODES[mode]
+    change, line = cases[case]
+    with ScalewaySimulator(scenario=scenario, clock=ManualClock(), secret_key=SECRET) as sim:
+        backend = entry(sim)
+        change(backend["scaleway"], sim)
+        code, out = validate_online(tmp_path, capsys, backend)
+        sent = reads_only(sim)
     assert code == 1
     assert "kapsule (scaleway): online: INVALID: 1 problem" in out.splitlines()
     assert problems(out) == [line]
-    sent = reads_only(kapsule)
     if case.startswith("access key"):
         assert sent == []  # recognised before any call
+    if mode == "public":  # the public routes and the catalog, never the private autoscaler endpoints
+        assert all(route.startswith("public_") or route == "list_server_types" for _, route in sent), sent
+
+
+def test_kapsule_public_pool_the_catalog_lacks_is_a_warning(
+    public_kapsule: ScalewaySimulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A node type the zone's catalog does not list: the group is served, without template or price."""
+    public_kapsule.add_pool(
+        "arm", pool_id="1b6f1b0e-7f63-4c1c-9a55-2b8e3c4d5e06", node_type="NEW1-S", autoscaling=False,
+        capacity={"cpu": 2, "memory": 4 << 30}, node_price_per_hour=0.1,
+    )  # fmt: skip
+    pools = {**PUBLIC_POOLS, "arm": {"min_size": 0, "max_size": 2}}
+    code, out = validate_online(tmp_path, capsys, public_backend(public_kapsule, pools))
+    assert code == 0, out
+    assert (
+        "  WARNING: the product catalog of fr-par-1 has no NEW1-S, the node type of pool 'arm': the CA gets no "
+        "template for it (no scale-from-zero unless node_groups.1b6f1b0e-7f63-4c1c-9a55-2b8e3c4d5e06.template "
+        "gives one) and no price"
+    ) in out.splitlines()
 
 
 def test_kapsule_key_from_the_environment_is_named_by_its_variable(

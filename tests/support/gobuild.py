@@ -13,6 +13,12 @@ Which binaries exist is declared next to the code. Every Go module directory und
     tags = ["externalgrpc"]      # optional build tags
     groups = ["conformance"]     # the suites that need it: conformance, e2e, bench, deploy, ...
     ldflags = ["-X k8s.io/component-base/version.gitVersion=v1.36.2"]   # optional linker flags
+    default = false              # optional: left out of a build that names no group (see below)
+
+A build that names no group (``make build``, and so ``make test`` and ``.ci/run``) builds every binary
+except those declared ``default = false``: long builds only their own suite needs (the older CA
+releases of ``make e2e-ca-matrix``), built when a group or name asks for them
+(``make build GO_BUILD_GROUPS=ca-matrix``).
 
 Binaries go to ``$GO_CACHE_DIR/bin`` (default ``~/.cache/ca-externalgrpc-go/bin``); Go's own build and
 module caches stay where ``go env`` says. A binary is rebuilt only when its stamp changes: a hash of
@@ -100,6 +106,7 @@ class Binary:
     tags: tuple[str, ...]
     groups: tuple[str, ...]
     ldflags: tuple[str, ...] = ()
+    default: bool = True  # built by a build that names no group
 
     @property
     def manifest(self) -> Path:
@@ -150,9 +157,10 @@ def _read_manifest(manifest: Path) -> list[Binary]:
         raise BuildManifestError(f"{where} declares no [[binary]] table")
     binaries = []
     for entry in entries:
-        unknown = set(entry) - {"name", "package", "tags", "groups", "ldflags"}
+        unknown = set(entry) - {"name", "package", "tags", "groups", "ldflags", "default"}
         name, package = entry.get("name"), entry.get("package")
         tags, groups, ldflags = entry.get("tags", []), entry.get("groups"), entry.get("ldflags", [])
+        default = entry.get("default", True)
         if unknown:
             raise BuildManifestError(f"{where}: unknown key(s) {sorted(unknown)} in a [[binary]] table")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
@@ -165,7 +173,9 @@ def _read_manifest(manifest: Path) -> list[Binary]:
             raise BuildManifestError(f'{where}: binary {name!r} needs groups, e.g. groups = ["conformance"]')
         if not _strings(ldflags):
             raise BuildManifestError(f"{where}: binary {name!r}: ldflags must be a list of strings")
-        binaries.append(Binary(name, manifest.parent, package, tuple(tags), tuple(groups), tuple(ldflags)))
+        if not isinstance(default, bool):
+            raise BuildManifestError(f"{where}: binary {name!r}: default must be true or false")
+        binaries.append(Binary(name, manifest.parent, package, tuple(tags), tuple(groups), tuple(ldflags), default))
     return binaries
 
 
@@ -174,7 +184,8 @@ def _strings(value: object) -> bool:
 
 
 def select(binaries: Sequence[Binary], groups: Sequence[str] = (), names: Sequence[str] = ()) -> list[Binary]:
-    """The binaries in any of ``groups`` or named in ``names``; all of them when both are empty."""
+    """The binaries in any of ``groups`` or named in ``names``; when both are empty, every binary but
+    those declared ``default = false``."""
     known_groups = {group for binary in binaries for group in binary.groups}
     known_names = {binary.name for binary in binaries}
     if unknown := sorted(set(groups) - known_groups):
@@ -182,7 +193,7 @@ def select(binaries: Sequence[Binary], groups: Sequence[str] = (), names: Sequen
     if unknown := sorted(set(names) - known_names):
         raise BuildManifestError(f"unknown binary name(s) {unknown}; the build.toml files name {sorted(known_names)}")
     if not groups and not names:
-        return list(binaries)
+        return [b for b in binaries if b.default]
     return [b for b in binaries if b.name in names or set(b.groups) & set(groups)]
 
 
@@ -520,11 +531,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_env:
             print(print_env())
             return 0
-        binaries = select(discover(), args.group, args.name)
+        declared = discover()
+        binaries = select(declared, args.group, args.name)
         if args.list:
             for b in binaries:
                 tags = f" -tags {','.join(b.tags)}" if b.tags else ""
                 print(f"{b.name:28} {'/'.join(b.groups):14} {b.where}: {b.package}{tags}")
+            if not args.group and not args.name and (left := [b for b in declared if not b.default]):
+                groups = sorted({g for b in left for g in b.groups})
+                print(
+                    f"({len(left)} more declared default = false, built only when asked for: "
+                    f"--group {' / --group '.join(groups)})"
+                )
             return 0
         build_all(binaries)
     except GoBuildError as err:

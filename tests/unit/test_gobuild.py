@@ -78,6 +78,20 @@ def test_select_by_group_and_name(repo: Path) -> None:
         gobuild.select(binaries, ["benhc"])
 
 
+def test_a_binary_declared_default_false_is_built_only_when_asked_for(repo: Path) -> None:
+    # make build (no group: make test, .ci/run) leaves it out; its group or its name brings it in.
+    write(repo / "tests/matrix/go.mod", "module example/matrix\n")
+    write(
+        repo / "tests/matrix/build.toml",
+        '[[binary]]\nname = "old-ca"\npackage = "."\ngroups = ["matrix", "e2e"]\ndefault = false\n',
+    )
+    binaries = gobuild.discover(repo)
+    assert [b.name for b in gobuild.select(binaries)] == ["client", "tool-a", "tool-b"]
+    assert [b.name for b in gobuild.select(binaries, ["matrix"])] == ["old-ca"]
+    assert [b.name for b in gobuild.select(binaries, ["e2e"])] == ["old-ca", "tool-b"]
+    assert [b.name for b in gobuild.select(binaries, names=["old-ca"])] == ["old-ca"]
+
+
 @pytest.mark.parametrize(
     ("manifest", "message"),
     [
@@ -86,6 +100,7 @@ def test_select_by_group_and_name(repo: Path) -> None:
         ('[[binary]]\nname = "a"\npackage = "."\n', "needs groups"),
         ('[[binary]]\nname = "a"\npackage = "."\ngroups = ["e2e"]\ntag = ["x"]\n', r"unknown key\(s\) \['tag'\]"),
         ('[[binary]]\nname = "a"\npackage = "."\ngroups = ["e2e"]\nldflags = "-s"\n', "ldflags must be a list"),
+        ('[[binary]]\nname = "a"\npackage = "."\ngroups = ["e2e"]\ndefault = "no"\n', "default must be true or false"),
         ('name = "a"\n', r"declares no \[\[binary\]\]"),
         ("[[binary]\n", "not valid TOML"),
     ],
