@@ -12,18 +12,23 @@ parts"):
   any other target is answered 404 from a constant, so no path, header, method or query a client sends
   leaves anything behind once its connection is gone.
 * ``max_connections``: at the cap a newcomer is admitted by closing the connection with the least claim
-  to stay (``Claim``), and among equals the one that has waited longest on its peer (for its request,
+  to stay (``claim``), and among equals the one that has waited longest on its peer (for its request,
   for its next request, or to take its answer). Claims, lowest first: (0) nothing of a request, or a
   request line older than a second, or answers left unread; (1) a complete request line in the last
   second (``RECENT_REQUEST``), its headers still to come, or a new connection in its first 50 ms
   (``NEW_CONNECTION``: time for its request to arrive); (2) a complete request head, whose answer is
-  owed (computed now, or in this loop turn). A connection owed its answer is never closed for room;
+  owed (computed now, or in this loop turn). A new connection ranks with a request line, not below it:
+  kubelet's probe is a new connection until its bytes arrive, and in a flood of request lines, the
+  newest of its rank, it is the last to be closed (ranked below, it was closed at 1,000 a second on a
+  loaded machine); the price is that a burst of silent connections accepted within 50 ms can close a
+  client still sending its headers. A connection owed its answer is never closed for room;
   when every connection at the cap is owed one, the newcomer is closed instead. What a connection sent
   is looked at (peeked) as soon as it is accepted and again before it is closed for room, so kubelet's
   probe, which sends its whole request with the connection, is owed its answer before its bytes are
   read, and neither a flood of silent connections nor one of bare request lines pushes it out. (When a
   request line counted like a whole request for its second, 250 such connections a second made most
-  probes fail: docs/evidence/probe-flood.md.)
+  probes fail: docs/evidence/review-defects.md.) Choosing whom to close is one pass over the
+  connections with no allocation: it runs for every newcomer of a flood at the cap.
 * ``request_timeout``: a request's line and headers must arrive within it, from the first byte (from
   the accept for the first request), and an answer must be taken within it; trickling bytes does not
   reset it. A late request is answered 408 and closed. ``idle_timeout``: how long a keep-alive
@@ -42,8 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
+import math
 import socket
 import threading
 import time
@@ -99,12 +104,13 @@ class HttpLimits:
     backlog: int = 1024
 
 
-class Claim(enum.IntEnum):
-    """How strongly a connection keeps its place at the connection cap (see the module doc)."""
-
-    NONE = 0  # nothing of a request yet, a request line older than RECENT_REQUEST, or answers unread
-    REQUEST_LINE = 1  # a complete request line in the last RECENT_REQUEST, its headers still to come; or new
-    OWED = 2  # a complete request head: its answer is owed; never closed for room
+# How strongly a connection keeps its place at the connection cap (see the module doc), lowest first.
+#: nothing of a request yet, a request line older than RECENT_REQUEST, or answers left unread
+NO_CLAIM = 0
+#: a complete request line in the last RECENT_REQUEST, its headers still to come; or a new connection
+REQUEST_LINE = 1
+#: a complete request head: its answer is owed; never closed for room
+OWED = 2
 
 
 class _Refused(Exception):
@@ -294,21 +300,33 @@ class BoundedHttpServer:
         """Take ``connection`` in, making room at the cap (see the module doc); False: it was closed."""
         if len(self._connections) >= self.limits.max_connections:
             now = self.loop.time()
-            ranked = {c: (claim, c.waiting_since) for c in self._connections if (claim := c.claim(now)) < Claim.OWED}
-            while ranked:
-                candidate = min(ranked, key=ranked.__getitem__)
+            passed: set[_Connection] = set()
+            while (candidate := self._least_claim(now, passed)) is not None:
                 # What it sent since it was last looked at may have made its answer owed (a probe whose
                 # request arrived after its accept, not read yet): look again before closing it.
                 candidate.peek_request_head()
-                if candidate.claim(now) < Claim.OWED:
+                if candidate.claim(now) < OWED:
                     candidate.drop("max_connections")
                     break
-                del ranked[candidate]
+                passed.add(candidate)
             else:
                 self.count("max_connections")
                 return False
         self._connections[connection] = None
         return True
+
+    def _least_claim(self, now: float, passed: set[_Connection]) -> _Connection | None:
+        """The connection with the least claim, the longest waiting among equals; None if every one is owed
+        its answer. One pass with no allocation: it runs for every newcomer of a flood at the cap."""
+        best: _Connection | None = None
+        best_claim, best_since = OWED, math.inf
+        for connection in self._connections:
+            claim = connection.claim(now)
+            if claim == OWED or connection in passed:
+                continue
+            if claim < best_claim or (claim == best_claim and connection.waiting_since < best_since):
+                best, best_claim, best_since = connection, claim, connection.waiting_since
+        return best
 
     def forget(self, connection: _Connection) -> None:
         self._connections.pop(connection, None)
@@ -359,7 +377,7 @@ class _Connection(asyncio.Protocol):
         self.line_checked = False  # the current head's request line is known to be within its limit
         self.line_at: float | None = None  # when the current head's request line was complete
         self.begun = False  # a byte of the current request head (other than empty lines before it) arrived
-        self.head_done = False  # the current head is complete: its answer is owed (Claim.OWED)
+        self.head_done = False  # the current head is complete: its answer is owed (OWED)
         self.tail = b""  # the last bytes of the current head received, to find its end across reads
         self.peeked = 0  # bytes looked at in the socket (peek_request_head) and not received yet
         self.served = 0
@@ -460,19 +478,20 @@ class _Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- the exchange
 
-    def claim(self, now: float) -> Claim:
-        """How strongly it keeps its place at the connection cap (see the module doc)."""
+    def claim(self, now: float) -> int:
+        """How strongly it keeps its place at the connection cap (see the module doc): NO_CLAIM,
+        REQUEST_LINE or OWED."""
         if self.asked is not None:
-            return Claim.OWED
+            return OWED
         if self.closing or self.write_blocked:
-            return Claim.NONE
+            return NO_CLAIM
         if self.head_done:
-            return Claim.OWED
+            return OWED
         if self.line_at is not None and now - self.line_at < RECENT_REQUEST:
-            return Claim.REQUEST_LINE
+            return REQUEST_LINE
         if not self.served and not self.begun and now - self.accepted_at < NEW_CONNECTION:
-            return Claim.REQUEST_LINE
-        return Claim.NONE
+            return REQUEST_LINE
+        return NO_CLAIM
 
     def _wait(self, seconds: float) -> None:
         """Start waiting on the peer: the one timer, and the age the connection limit compares."""
