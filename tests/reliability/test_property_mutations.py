@@ -128,6 +128,21 @@ class MutationMachine(RuleBasedStateMachine):
     def _cloud(self, gid: str) -> int:
         return self.stack.pools()[gid].target
 
+    def _room_to_write(self, index: int, op: str, delta: int) -> tuple[str, PoolView, list[NodeView]] | None:
+        """The group, its pool and its known nodes for an ``op`` ("increase" by ``delta`` or "delete") that
+        stays within the group's bounds; None when the group owes a retry, the server is degraded, or the
+        write would leave its bounds (or has no node to delete)."""
+        gid = self._gid(index)
+        pool = self.stack.pools()[gid]
+        if gid in self.owed or self.degraded:
+            return None
+        if op == "increase" and pool.target + delta > pool.max_size:
+            return None
+        known = self._known(gid, pool)
+        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
+            return None
+        return gid, pool, known
+
     def _known(self, gid: str, pool: PoolView) -> list[NodeView]:
         """The pool's live nodes that the server lists too: the ones a CA could name in DeleteNodes.
 
@@ -404,17 +419,11 @@ class MutationMachine(RuleBasedStateMachine):
     def write_applied_then_fails(self, index: int, op: str, how: str, delta: int) -> None:
         """The cloud applies the write, then answers 5xx, drops the connection, answers too late, or a
         proxy in the path turns its answer into a 200 page that is not the API's."""
-        gid = self._gid(index)
-        pool = self.stack.pools()[gid]
-        if gid in self.owed or self.degraded:
-            return
         if how == "late" and self.late_steps >= MAX_LATE_PER_EXAMPLE:
             return
-        if op == "increase" and pool.target + delta > pool.max_size:
+        if (room := self._room_to_write(index, op, delta)) is None:
             return
-        known = self._known(gid, pool)
-        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
-            return
+        gid, pool, known = room
         self._step(f"write_applied_then_{how}")
         FIGURES["faults"][f"{op} applied, then {how}"] += 1
         kit = self.stack.kit
@@ -461,15 +470,9 @@ class MutationMachine(RuleBasedStateMachine):
     def write_answered_by_a_page_in_the_path(self, index: int, op: str, delta: int) -> None:
         """Something in the path answers the write with a 200 page and never passes it on (issue 40, item 4):
         nothing changed, and the server says the change is not confirmed instead of taking it as done."""
-        gid = self._gid(index)
-        pool = self.stack.pools()[gid]
-        if gid in self.owed or self.degraded:
+        if (room := self._room_to_write(index, op, delta)) is None:
             return
-        if op == "increase" and pool.target + delta > pool.max_size:
-            return
-        known = self._known(gid, pool)
-        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
-            return
+        gid, pool, known = room
         self._step("write_answered_by_a_page_in_the_path")
         FIGURES["faults"][f"{op} answered by a page in the path"] += 1
         kit = self.stack.kit
