@@ -41,6 +41,9 @@ from simulators.bizfly.state import PoolUpdate
 from simulators.common.clock import ManualClock
 from simulators.common.faults import Fault
 
+# The backend against the simulator, no server: the same on every serving engine.
+pytestmark = pytest.mark.one_engine
+
 CLUSTER = "ke1m4ea3j8w6kkvp"
 POOL = "5f959e0ac0b18944d0a4f13a"
 STATIC = "5f959e0ac0b18944d0a4f13b"
