@@ -14,7 +14,7 @@ export GO_CACHE_DIR CA_MODULE_PROXY
 # for their own run (a target-specific value also applies to that target's prerequisites).
 GO_BUILD_GROUPS ?=
 
-.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance chaos e2e e2e-ca-matrix e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak clean wheels image deploy-check docs reference
+.PHONY: install lock audit reproduce release native-test protos protos-check run build test unit integration conformance chaos e2e e2e-ca-matrix e2e-image node-e2e node-images kube lint typecheck bench bench-ca bench-kube soak alerts clean wheels image deploy-check docs reference
 
 # Everything from the lock (uv.lock, exported to requirements/; tests/support/lock.py): first the
 # dev set with every file's hash checked (--require-hashes; --no-deps: the lock already holds every
@@ -239,6 +239,14 @@ chaos: build
 
 soak: install
 	$(PY) -m pytest -q -m soak tests/reliability --soak-seconds=600
+
+# Every fault an alert exists for, made for real against the server and the simulated cloud, timed by a
+# real Prometheus (Debian's prometheus package) and Alertmanager with the shipped rules, ServiceMonitor
+# settings and inhibitions: fault -> alert -> pending, firing and resolved times, checked against the
+# times the docs state (tests/monitoring/alerts.py; about 22 minutes). make test runs its smoke
+# (tests/monitoring/test_prometheus.py). ALERTS_ARGS='--scenarios wrong-key server-gone' runs some.
+alerts: install
+	$(PY) -m tests.monitoring.alerts $(ALERTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache dist

@@ -532,9 +532,10 @@ class Backend:
         Returns True when they differ from what was known (so cached templates must be rebuilt).
         """
         kept = self._group_labels.keep(labels, machine_names(node_name, provider_id))
-        # A label whose value differs between the group's nodes, or over time, does not describe the group.
+        # A label whose value differs between the group's nodes, or over time, does not describe the group
+        # (until they agree again: providers/node_labels.py).
         agreement = self._label_agreements.setdefault(group_id, LabelAgreement())
-        agreement.observe(kept)
+        agreement.observe(kept, node_name, self._clock())
         kept = agreement.agreed(kept)
         if not kept or self._observed_labels.get(group_id) == kept:
             return False

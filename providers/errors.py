@@ -6,8 +6,22 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal could act on written as its escape (``\\x1b``, ``\\u202e``,
+    ``\\n``): control characters, format characters such as a right-to-left override, unassigned code
+    points. What a cloud or a proxy answers is shown to people (``status``, the CA's log, /readyz), never
+    obeyed by their terminal; and one message stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 class DomainError(Exception):
-    """Base class; ``str(err)`` is the actionable message the CA will log."""
+    """Base class; ``str(err)`` is the actionable message the CA will log, made ``printable``: a message
+    may quote what the cloud answered."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(printable(a) if isinstance(a, str) else a for a in args))
 
 
 class NodeGroupNotFound(DomainError):

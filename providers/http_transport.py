@@ -18,6 +18,13 @@ the cloud applied the write, with or without ``Retry-After``, so it is never rep
 A write (POST/PUT/PATCH/DELETE) that ends in such a failure raises ``CloudOutcomeUnknown``: the change
 may have been applied, and the backend reads the cloud back before answering or changing anything else.
 
+A write's 2xx answer is done when its body is empty or the API's JSON (a JSON object: what every write
+answer of both clouds is, the records or a message). Any other body (an HTML page, JSON cut short, a JSON
+value that is not an object) is not the API's answer: a proxy, gateway or captive portal in the path may
+have answered without passing the request on, or after it did. That is an unknown outcome too, for every
+write of every cloud: ``CloudOutcomeUnknown``, read back, never taken as applied. A read's 2xx with such
+a body is a "malformed answer" (``CloudUnavailable``).
+
 The write gate (leader election): with one set (``guard_writes``), every attempt of a cloud-changing
 request asks it once its connection is ready (name resolved, TCP connected, TLS handshake done, which
 can take up to the connect timeout) and just before the request's bytes go out, retries included, so a
@@ -433,7 +440,6 @@ class HttpTransport:
         idempotent: bool | None = None,
         changes_cloud: bool | None = None,
         headers: Mapping[str, str] | None = None,
-        body_optional: bool = False,
     ) -> JsonResponse:
         """Send one logical call; return the parsed 2xx answer or raise a ``providers.errors`` type.
 
@@ -441,12 +447,9 @@ class HttpTransport:
         metrics and messages; the concrete path never appears in them (it may carry ids users grep
         for, but the template keeps metric cardinality bounded). ``changes_cloud`` (default: any
         write method) says whether an unclear answer leaves the cloud's state unknown; a login POST
-        changes nothing the server tracks, so its failures are plain ``CloudUnavailable``.
-
-        ``body_optional``: the call is done once the cloud answers 2xx, whatever the body (a size write or
-        a deletion: the cloud applied it). A body that is empty, not JSON or does not parse comes back as
-        ``body=None`` instead of a "malformed answer" error, which would report an applied change as a
-        failure; the caller reads the new state back if it needs it.
+        changes nothing the server tracks, so its failures are plain ``CloudUnavailable``. A 2xx with an
+        empty body comes back as ``body=None``; one whose body is not the API's answer raises (see the
+        module doc).
         """
         method = method.upper()
         if idempotent is None:
@@ -472,7 +475,6 @@ class HttpTransport:
                 changes_cloud,
                 headers,
                 probe,
-                body_optional,
             )
         except NotLeader:
             # Refused by this replica's own write gate: the cloud was not asked and says nothing.
@@ -509,7 +511,6 @@ class HttpTransport:
         changes_cloud: bool,
         extra_headers: Mapping[str, str] | None,
         probe: bool,
-        body_optional: bool = False,
     ) -> JsonResponse:
         url = self.base_url + (path if path.startswith("/") else "/" + path)
         query = _encode_params(params) if params else ""
@@ -556,7 +557,7 @@ class HttpTransport:
                 raise self._redirect_error(response, method, endpoint)
             if response is not None and response.status < 400:
                 self._log_attempt(method, endpoint, outcome, attempt, "")
-                return self._parse_success(response, method, endpoint, body_optional)
+                return self._parse_success(response, method, endpoint, changes_cloud)
             if response is not None and response.status not in RETRYABLE_STATUSES:
                 self._log_attempt(method, endpoint, outcome, attempt, "refused, not retried")
                 raise self._client_error(response, method, endpoint)
@@ -804,7 +805,7 @@ class HttpTransport:
         return ": " + self.redact(text)
 
     def _parse_success(
-        self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str, body_optional: bool = False
+        self, response: urllib3.BaseHTTPResponse, method: str, endpoint: str, changes_cloud: bool
     ) -> JsonResponse:
         raw = response.data
         if not raw.strip():
@@ -813,30 +814,30 @@ class HttpTransport:
         problem = ""
         body: Any = None
         if "json" not in content_type.lower():
-            problem = (
-                f"expected JSON, got content type {content_type or 'none'!r} (a proxy or captive portal in the path?)"
-            )
+            problem = f"content type {content_type or 'none'!r}, not JSON"
         else:
             try:
                 body = json.loads(raw)
             except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not text
                 why = f"{exc.msg} at byte {exc.pos}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
                 problem = f"invalid JSON ({why})"
+            else:
+                if changes_cloud and not isinstance(body, Mapping):
+                    problem = f"JSON {type(body).__name__}, not an object"
         if not problem:
             return JsonResponse(response.status, response.headers, body)
-        if not body_optional:
-            raise CloudUnavailable(f"malformed answer from {self.api} API {method} {endpoint}: {problem}")
-        # 2xx means the cloud did it: an unreadable body must not turn an applied change into a failure.
-        log.info(
-            "%s %s %s answered %d with a body that is not JSON (%s); the call is done, its body is not used",
-            self.api,
-            method,
-            endpoint,
-            response.status,
-            problem,
-            extra={"api": self.api, "method": method, "endpoint": endpoint, "status": str(response.status)},
+        what = f"{self.api} API {method} {endpoint}"
+        if not changes_cloud:
+            raise CloudUnavailable(f"malformed answer from {what}: {problem} (a proxy or captive portal in the path?)")
+        # Not the API's answer: whatever answered may have passed the write on, or not (module doc).
+        raise CloudOutcomeUnknown(
+            self.redact(
+                f"{what} answered {response.status}{self._describe_body(response)}, which is not the API's answer "
+                f"({problem}; a proxy or gateway in the path?); the change may or may not have been applied, the "
+                "state is read back from the cloud before anything else is decided"
+            ),
+            finished=False,
         )
-        return JsonResponse(response.status, response.headers, None)
 
 
 def _json_or_text(response: urllib3.BaseHTTPResponse) -> Any:

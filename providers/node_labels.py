@@ -17,13 +17,25 @@ Under a kept prefix some labels still say something about one machine or one mom
 ``VOLATILE_LABELS`` are known to (GPU feature discovery's timestamp, rewritten every minute; the NVLink
 clique a machine sits in; the GPU operator's per-node progress labels). And whatever the key, a label
 whose value differs between two nodes of one group, or changes on one node, cannot tell what a new node
-will carry: ``LabelAgreement`` keeps it out of the group's template from then on. A key a node does not
-carry yet says nothing (a DaemonSet labels a node some time after it joined). Where each fact comes from
-is in docs/explanation/kubernetes.md ("Labels that vary").
+will carry: ``LabelAgreement`` keeps it out of the group's template, until the group's nodes agree on
+it again. A key a node does not carry yet says nothing (a DaemonSet labels a node some time after it
+joined).
+
+When a key comes back (``LABEL_SETTLE``): once every node of the group that carries it and was seen in
+the last ``LABEL_SETTLE`` has shown one value, without a change on any node and without another value on
+any other, for ``LABEL_SETTLE``. A node not seen for that long no longer counts (deleted, not Ready, moved
+to another group), so a key also comes back once the node that disagreed is gone. A MIG reconfiguration
+(every node of the pool then carries ``nvidia.com/gpu.product=...-MIG-1g.10gb``) brings the key back with
+its new value ten minutes after the last node was reconfigured; a label that changes more often than that
+on some node stays out. Ten minutes is twice the kubelet's default ``nodeStatusReportFrequency`` (5 min):
+every live node's Node object changes, and is seen by the learner's watch, at least that often (the CA
+asks NodeGroupForNode of every node each scan, every 10 s). Where each fact comes from is in
+docs/explanation/kubernetes.md ("Labels that vary").
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -66,6 +78,12 @@ VOLATILE_LABEL_SUFFIXES = ("-driver-upgrade-state",)
 # node teaches it, and a pool the cloud now describes with another type drops the learned template),
 # never that the label varies.
 MACHINE_TYPE_LABELS = frozenset({"node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"})
+
+
+#: how long the nodes of a group must agree on a key that varied before it comes back (see the module doc)
+LABEL_SETTLE = 600.0
+#: a key's nodes not seen for LABEL_SETTLE are forgotten at most this often (when they disagree)
+FORGET_UNSEEN_EVERY = 60.0
 
 
 def is_volatile(key: str) -> bool:
@@ -111,26 +129,100 @@ class GroupLabels:
 
 
 @dataclass
+class _Variance:
+    """A key that varies: the value each node carrying it showed last and when, when each value was last
+    shown by any node, and when a node last changed its own value."""
+
+    changed_at: float  # a node changed its value (or the key was found varying, or first seen after a restart)
+    seen: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (value, when)
+    counts: Counter[str] = field(default_factory=Counter)  # value -> nodes in ``seen`` showing it
+    last_shown: dict[str, float] = field(default_factory=dict)  # value -> when a node last showed it
+    forgotten_at: float = 0.0
+
+    def observe(self, node: str, value: str, now: float) -> None:
+        before = self.seen.get(node)
+        if before is not None:
+            self._uncount(before[0])
+            if before[0] != value:
+                self.changed_at = now
+        self.seen[node] = (value, now)
+        self.counts[value] += 1
+        self.last_shown[value] = now
+
+    def agreed(self, now: float) -> str | None:
+        """The one value the nodes seen in the last LABEL_SETTLE show, if no node has shown another, nor
+        changed its own, for LABEL_SETTLE; else None."""
+        if len(self.counts) > 1 and now - self.forgotten_at >= FORGET_UNSEEN_EVERY:
+            self._forget_unseen(now)
+        if len(self.counts) != 1:
+            return None
+        value = next(iter(self.counts))
+        since = max([self.changed_at, *(t for other, t in self.last_shown.items() if other != value)])
+        return value if now - since >= LABEL_SETTLE else None
+
+    def _forget_unseen(self, now: float) -> None:
+        """Nodes not seen for LABEL_SETTLE count no more (gone, not Ready, in another group)."""
+        self.forgotten_at = now
+        for node, (value, when) in list(self.seen.items()):
+            if now - when > LABEL_SETTLE:
+                del self.seen[node]
+                self._uncount(value)
+        for value, when in list(self.last_shown.items()):
+            if value not in self.counts and now - when > LABEL_SETTLE:
+                del self.last_shown[value]  # shown too long ago to matter
+
+    def _uncount(self, value: str) -> None:
+        self.counts[value] -= 1
+        if not self.counts[value]:
+            del self.counts[value]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one node's labels changed in a group's agreement."""
+
+    varied: frozenset[str]  # keys found to vary by them
+    agreed_again: Mapping[str, str]  # keys that varied, back with the value the nodes agree on
+
+
+@dataclass
 class LabelAgreement:
     """What the nodes of one group agree on, label by label (labels already cut by ``GroupLabels``).
 
     The first value seen for a key stands until a node shows another one, on another node or on the same
-    node later: the key then *varies* and stays out of the group's template for good (a later value could
-    change again; a new node may carry either). A node without the key says nothing. The machine type
-    (``MACHINE_TYPE_LABELS``) is never held to agreement: a new value means new machines. Not thread-safe:
-    its owner locks."""
+    node later: the key then *varies* and stays out of the group's template until its nodes agree again
+    (the module doc says when). A node without the key says nothing. The machine type
+    (``MACHINE_TYPE_LABELS``) is never held to agreement: a new value means new machines. Not
+    thread-safe: its owner locks."""
 
     values: dict[str, str] = field(default_factory=dict)
     varying: set[str] = field(default_factory=set)
+    # Per varying key, what its nodes show (a key adopted as varying, after a restart, starts empty).
+    variances: dict[str, _Variance] = field(default_factory=dict)
 
-    def observe(self, labels: Mapping[str, str]) -> set[str]:
-        """Take one node's labels in; the keys found to vary by them."""
-        held = (key for key in labels if key not in self.varying and key not in MACHINE_TYPE_LABELS)
-        found = {key for key in held if self.values.setdefault(key, labels[key]) != labels[key]}
-        for key in found:
-            self.varying.add(key)
-            del self.values[key]
-        return found
+    def observe(self, labels: Mapping[str, str], node: str, now: float) -> Seen:
+        """Take one node's labels in, seen at ``now`` (seconds, monotonic)."""
+        varied: set[str] = set()
+        back: dict[str, str] = {}
+        for key, value in labels.items():
+            if key in MACHINE_TYPE_LABELS:
+                continue
+            if key not in self.varying:
+                if self.values.setdefault(key, value) != value:
+                    varied.add(key)
+                    self.varying.add(key)
+                    del self.values[key]
+                    self.variances[key] = _Variance(now)
+                    self.variances[key].observe(node, value, now)
+                continue
+            variance = self.variances.setdefault(key, _Variance(now))
+            variance.observe(node, value, now)
+            agreed = variance.agreed(now)
+            if agreed is not None:
+                back[key] = self.values[key] = agreed
+                self.varying.discard(key)
+                del self.variances[key]
+        return Seen(frozenset(varied), back)
 
     def agreed(self, labels: Mapping[str, str]) -> dict[str, str]:
         """``labels`` without the keys that vary."""

@@ -9,7 +9,7 @@ import resource
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -29,7 +29,7 @@ from server.group_overrides import UnmatchedOverrideCheck
 from server.http_server import BoundedHttpServer, bindable_host
 from server.kube.integration import KubeFeatures, start_features
 from server.kube.leader import Leadership
-from server.metrics import GRPC_BUCKETS, Metrics
+from server.metrics import Metrics
 from server.native_front import INSTALL_NATIVE, NativeEngineMissing, NativeFront, load_extension
 from server.probes import Liveness, serve_probes
 from server.rpc import Dispatcher, reflection_data, service_methods
@@ -311,11 +311,17 @@ def ensure_file_descriptors(max_connections: int, http_connections: int = 0) -> 
     resource.setrlimit(resource.RLIMIT_NOFILE, (needed if hard == resource.RLIM_INFINITY else hard, hard))
 
 
-def start(config: ServerConfig, backends: list[Backend] | None = None, start_backends: bool = True) -> RunningServer:
+def start(
+    config: ServerConfig,
+    backends: list[Backend] | None = None,
+    start_backends: bool = True,
+    metrics: Metrics | None = None,
+) -> RunningServer:
+    """Start serving ``config``; ``metrics`` (a fresh ``Metrics()`` by default) receives every series."""
     register_secrets(config)
     ensure_file_descriptors(config.serving.max_connections, config.http.max_connections)
     registry = Registry(backends if backends is not None else build_backends(config))
-    metrics = Metrics()
+    metrics = metrics if metrics is not None else Metrics()
     options = {gid: g.options for bc in config.backends for gid, g in bc.groups.items() if g.options is not None}
     service = CloudProviderService(registry, options, on_scale_action=metrics.scale_action)
     diagnostics = DiagnosticsService(registry.backends)
@@ -326,7 +332,7 @@ def start(config: ServerConfig, backends: list[Backend] | None = None, start_bac
     engine: Engine
     engine_name = choose_engine(config.serving.engine)
     if engine_name == "native":
-        native = _start_native(config, dispatcher)
+        native = _start_native(config, dispatcher, metrics.grpc_buckets)
         metrics.add_native_calls(native.native_calls)
         engine = native
     else:
@@ -436,7 +442,7 @@ def choose_engine(setting: str) -> str:
     return "native"
 
 
-def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
+def _start_native(config: ServerConfig, dispatcher: Dispatcher, buckets: Sequence[float]) -> NativeFront:
     """Bind the CA-facing port with the native front (TLS as on the grpcio engine)."""
     host, port = config.listen
     host = bindable_host(host, "listen")
@@ -448,7 +454,7 @@ def _start_native(config: ServerConfig, dispatcher: Dispatcher) -> NativeFront:
             return NativeFront(
                 host,
                 port,
-                GRPC_BUCKETS,
+                buckets,
                 dispatcher,
                 reflection_data(services),
                 tls,

@@ -232,9 +232,10 @@ class HttpConfig(ConfigModel):
 
     max_connections: whole_number(4, 10_000, 100) = 100  # type: ignore[valid-type]
     """Connections the probe/metrics port holds at once. At the cap a newcomer is admitted by closing the
-    one that has waited longest on its client, except one that sent a request in the last second or whose
-    answer is being computed; so a flood costs a bounded number of sockets and does not push the kubelet's
-    probes out. Kubelet and Prometheus need a handful."""
+    one with the least claim to stay, the longest waiting among equals: one that sent nothing, or whose
+    request line is over a second old, goes before one that sent a request line in the last second or is
+    in its first 50 ms, and one whose whole request has arrived is never closed; so a flood costs a bounded
+    number of sockets and does not push the kubelet's probes out. Kubelet and Prometheus need a handful."""
     request_timeout: duration(0.5, 60) = 5.0  # type: ignore[valid-type]
     """Time a client of the probe/metrics port has to send a request's line and headers, counted from its
     first byte, and to take the answer; a late one is answered 408 and closed."""

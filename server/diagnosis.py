@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from providers.backend import Diagnosis
+from providers.backend import KIND_WORDS, Diagnosis
 from providers.errors import CloudAuthFailed, CloudRequestRejected, http_status
 
 KINDS = ("credentials", "not_found", "rejected", "unreachable")
@@ -148,7 +148,8 @@ class BackendReport:
     cloud: str
     healthy: bool  # serving its groups and not refused by the cloud (or paused on a follower replica)
     state: str  # serving, not synced, stale, refused, paused
-    summary: str  # the line /readyz prints for it
+    summary: str  # the state with the last error and what to check (the Diagnostics service, the log)
+    readiness: str  # the line /readyz prints for it: the state and why, in words, without any value
     last_error: str
     check: str
     groups: int
@@ -156,20 +157,32 @@ class BackendReport:
     failures: int
 
 
+#: what /readyz adds to a backend that is not serving: where the detail is (the probe port is unauthenticated,
+#: so the settings to check and their values, the cloud's own message, stay off it)
+DETAIL_ELSEWHERE = "(what to check: ca-externalgrpc status, or the log)"
+
+
 def report(backend: Any) -> BackendReport:
     h = backend.health()
     name = backend.name
     check = f"; check {h.check}" if h.check and h.consecutive_failures else ""
+    why = KIND_WORDS.get(h.kind, "the cloud sync failed") if h.consecutive_failures else ""
     if not h.synced:
         state, summary = "not synced", f"{name}: not synced yet ({h.last_error or 'first sync pending'}){check}"
+        readiness = f"{name}: not synced yet: {why or 'first sync pending'}"
     elif h.stale:
         state = "stale"
         summary = f"{name}: snapshot {h.age:.0f}s old, Refresh answers UNAVAILABLE ({h.last_error}){check}"
+        readiness = f"{name}: snapshot {h.age:.0f}s old, Refresh answers UNAVAILABLE: {why or 'no sync since'}"
     elif h.refused:
         state = "refused"
         summary = f"{name}: snapshot {h.age:.0f}s old, the cloud refuses it now ({h.last_error}){check}"
+        readiness = f"{name}: snapshot {h.age:.0f}s old, the cloud refuses it now: {why}"
     else:
         state, summary = "serving", f"{name}: snapshot {h.age:.0f}s old"
+        readiness = summary
+    if why and state != "serving":
+        readiness += " " + DETAIL_ELSEWHERE
     paused = bool(getattr(backend, "paused", False))
     if paused:
         state = "paused"
@@ -179,6 +192,7 @@ def report(backend: Any) -> BackendReport:
         healthy=h.usable or paused,
         state=state,
         summary=summary,
+        readiness=readiness,
         last_error=h.last_error,
         check=h.check if h.consecutive_failures else "",
         groups=len(backend.snapshot.groups),

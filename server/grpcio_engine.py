@@ -4,11 +4,26 @@ Imported only when this engine is chosen: with the native engine the process nev
 Every CloudProvider method is registered as a raw-bytes handler that runs ``Dispatcher.call``
 (server/rpc.py), the same code path the native engine calls, so decoding, error mapping, metrics and
 logs do not depend on the engine. Health and reflection are grpcio's own servicers here.
+
+Sending connections away (``drop_connections``, ``follow``, ``lead``): grpcio closes connections only by
+stopping a server, so a second server takes the port first (both listen with SO_REUSEPORT) and the first is
+*retired*. grpc core fails every call that reaches a server it is stopping, and a client calling back to
+back sends its next call before it has read the GOAWAY: stopped at a random moment, a server failed 0.2 to
+0.4 such calls per swap (CANCELLED, or a reset fresh connection). So a retired server is stopped while it
+answers a call (``_Retiring``): its GOAWAY is written before that call's answer, and a client that waits
+for the answer before its next call (the CA's loop) reads it first and calls on a new connection. A
+retired server that gets no call is stopped after ``RETIRE_WAIT``: its clients are idle then. And from the
+swap on, new connections all go to the new server (``steer_to_the_newest``), so none is queued on the old
+one's socket when grpc core closes it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import os
 import socket
+import struct
 import threading
 from concurrent import futures
 from typing import Any
@@ -21,8 +36,55 @@ from server.config import ServerConfig, ServingConfig
 from server.http_server import ipv4_only_guard
 from server.rpc import MAX_ANSWER_BYTES, Code, Dispatcher
 
+log = logging.getLogger(__name__)
+
 #: grpc.StatusCode by our numbers
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
+#: a retired server that answers no call in this long is stopped anyway: its clients are idle (a client
+#: calling back to back calls again within milliseconds), so a GOAWAY comes at most this much later
+RETIRE_WAIT = 0.1
+
+
+class _Retiring:
+    """One server's retirement: stopped (GOAWAY to its connections, their calls get the grace) by the first
+    call it answers after ``retire``, or ``RETIRE_WAIT`` later, whichever comes first; once."""
+
+    def __init__(self) -> None:
+        self.server: grpc.Server | None = None
+        self._lock = threading.Lock()
+        self._grace: float | None = None  # set: retired
+        self._stopped = False
+        self._timer: threading.Timer | None = None
+
+    def retire(self, grace: float) -> None:
+        with self._lock:
+            if self._grace is not None or self._stopped:
+                return
+            self._grace = grace
+            self._timer = threading.Timer(RETIRE_WAIT, self.stop_now)
+            self._timer.daemon = True
+            self._timer.start()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def answering(self) -> None:
+        """A call of this server is being answered: stop it now if it is retired (the call gets the grace)."""
+        if self._grace is not None:
+            self.stop_now()
+
+    def stop_now(self, grace: float | None = None) -> threading.Event | None:
+        """Stop it (with ``grace`` instead of the retirement's, e.g. the engine's own stop); None if done."""
+        with self._lock:
+            if self._stopped or self.server is None:
+                return None
+            self._stopped = True
+            timer, self._timer = self._timer, None
+            grace = grace if grace is not None else (self._grace or 0.0)
+        if timer is not None:
+            timer.cancel()
+        return self.server.stop(grace)
 
 
 class GrpcioEngine:
@@ -32,12 +94,9 @@ class GrpcioEngine:
         self.executor = futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="rpc")
         self._serving = config.serving
         self.options = channel_options(config.serving)
-        # service -> method name -> handler: the CloudProvider and our Diagnostics service
-        self.handlers: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
-        for m in dispatcher.methods.values():
-            self.handlers.setdefault(m.service, {})[m.name] = grpc.unary_unary_rpc_method_handler(
-                _behavior(dispatcher, m.path)
-            )
+        self._dispatcher = dispatcher
+        self._services = sorted({m.service for m in dispatcher.methods.values()})  # CloudProvider, Diagnostics
+        self._retiring: dict[grpc.Server, _Retiring] = {}  # every server made, until it is stopped
         self.service_name = service_name
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.server = self._new_server(self.options)
@@ -55,14 +114,28 @@ class GrpcioEngine:
         self._follower_server = False
 
     def _new_server(self, options: list[tuple[str, int]]) -> grpc.Server:
+        """A server with the same handlers, health servicer and pool; its calls tell its ``_Retiring``."""
+        retiring = _Retiring()
         server = grpc.server(self.executor, options=options)
-        for service, handlers in self.handlers.items():
+        for service in self._services:
+            handlers = {
+                m.name: grpc.unary_unary_rpc_method_handler(_behavior(self._dispatcher, m.path, retiring))
+                for m in self._dispatcher.methods.values()
+                if m.service == service
+            }
             server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
             server.add_registered_method_handlers(service, handlers)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (*self.handlers, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        names = (*self._services, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
+        retiring.server = server
+        self._retiring = {s: r for s, r in self._retiring.items() if not r.stopped}
+        self._retiring[server] = retiring
         return server
+
+    def _retire(self, server: grpc.Server, grace: float) -> None:
+        """Stop ``server``, which no longer holds the port alone, at its next call (see the module doc)."""
+        self._retiring[server].retire(grace)
 
     def bind(self, address: str, credentials: grpc.ServerCredentials | None) -> int:
         """Add the listening port (0 when grpcio could not bind it); the kernel's port for port 0.
@@ -105,17 +178,21 @@ class GrpcioEngine:
 
         grpcio closes connections only by stopping a server, so a second server with the same handlers,
         health servicer and pool starts on the same port first (both listen with SO_REUSEPORT), then the
-        first stops: GOAWAY, open calls get ``grace`` seconds, and new connections reach the second.
+        first is retired (module doc): GOAWAY, open calls get ``grace`` seconds, and new connections
+        reach the second.
         """
         with self._swap:
             if self._stopping:
                 return  # stop() drains every connection itself
             old = self._replace_locked(self._server_options)
-        old.stop(grace)
+        self._retire(old, grace)
 
     def _replace_locked(self, options: list[tuple[str, int]]) -> grpc.Server:
         """Under _swap: a new server with ``options`` takes the port; the old one, returned, still has its
-        connections (the caller stops it)."""
+        connections (the caller retires it). A server retired before and not stopped yet is stopped first:
+        two servers at most share the port, which is what ``steer_to_the_newest`` relies on."""
+        for retired in [r for server, r in self._retiring.items() if server is not self.server]:
+            retired.stop_now()
         old = self.server
         new = self._new_server(options)
         if self._ipv4_only is not None:
@@ -127,6 +204,7 @@ class GrpcioEngine:
         if self._add_port(new, self._address, self._credentials) != self.port:
             raise OSError(f"cannot listen on {self._address} again to send the connections away")
         new.start()
+        steer_to_the_newest(self.port)
         self.server = new
         self._server_options = options
         return old
@@ -154,7 +232,7 @@ class GrpcioEngine:
             old = self._replace_locked(channel_options(self._serving, connection_age=(late_age, grace)))
             self._follower_server = True
             self._follow_timer = None
-        old.stop(grace)
+        self._retire(old, grace)
 
     def lead(self) -> None:
         """This replica leads: connections live ``serving.max_connection_age`` again. Those opened while it
@@ -170,18 +248,68 @@ class GrpcioEngine:
                 return
             self._follower_server = False
             old = self._replace_locked(self.options)
-        old.stop(self._serving.max_connection_age_grace)
+        self._retire(old, self._serving.max_connection_age_grace)
 
     def stop(self, grace: float) -> None:
         with self._swap:
             self._stopping = True
-            server = self.server
             timer, self._follow_timer = self._follow_timer, None
+            servers = list(self._retiring.values())
         if timer is not None:
             timer.cancel()
-        server.stop(grace).wait(grace + 1)
+        # The serving one and any retired one not stopped yet, all together.
+        stopping = [event for r in servers if (event := r.stop_now(grace)) is not None]
+        for event in stopping:
+            event.wait(grace + 1)
         if self._ipv4_only is not None:
             self._ipv4_only.close()
+
+
+#: Linux's setsockopt option that gives a SO_REUSEPORT group a classic BPF program choosing its listener
+SO_ATTACH_REUSEPORT_CBPF = 51
+#: classic BPF "return the constant k" (BPF_RET | BPF_K)
+_BPF_RET_K = 0x06
+
+
+def steer_to_the_newest(port: int) -> None:
+    """Send every new connection to ``port`` to the listening socket opened last (the new server's).
+
+    Both servers listen with SO_REUSEPORT while the old one is retired, and the kernel would spread new
+    connections over both: one queued on the old server's socket when grpc core closes it is reset (the
+    client's call fails UNAVAILABLE). A classic BPF program attached to the group (``SO_ATTACH_REUSEPORT_CBPF``,
+    Linux 4.5, no privilege needed) chooses its second socket, the one opened last; once the old socket is
+    gone the index is out of range and the kernel picks among the rest as before, which is the new one.
+    The program stays with the group for the next swap. The sockets are grpc core's: found among this
+    process's file descriptors, listening on ``port``. Where that fails (another OS), the kernel spreads
+    the connections as it did.
+    """
+    code = (ctypes.c_ubyte * 8).from_buffer_copy(struct.pack("=HBBI", _BPF_RET_K, 0, 0, 1))
+    program = struct.pack("=HxxxxxxQ", 1, ctypes.addressof(code))  # struct sock_fprog {len; *filter}
+    groups: dict[tuple[object, ...], int] = {}  # local address -> a descriptor of its group
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in descriptors:
+        try:
+            sock = socket.socket(fileno=int(name))
+        except (OSError, ValueError):
+            continue  # not a socket (or closed meanwhile)
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) and sock.getsockname()[1] == port:
+                groups.setdefault((sock.family, sock.getsockname()), int(name))
+        except OSError:
+            pass
+        finally:
+            sock.detach()
+    for fd in groups.values():
+        sock = socket.socket(fileno=fd)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, program)
+        except OSError as err:
+            log.debug("cannot steer new connections to the new server: %s", err)
+        finally:
+            sock.detach()
 
 
 def channel_options(serving: ServingConfig, connection_age: tuple[float, float] | None = None) -> list[tuple[str, int]]:
@@ -233,10 +361,11 @@ def credentials(cert: bytes, key: bytes, client_ca: bytes | None) -> grpc.Server
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca, require_client_auth=True)
 
 
-def _behavior(dispatcher: Dispatcher, path: str) -> Any:
+def _behavior(dispatcher: Dispatcher, path: str, retiring: _Retiring) -> Any:
     call = dispatcher.call
 
     def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:
+        retiring.answering()
         code, details, body = call(path, request, context)
         if code is not Code.OK:
             context.abort(_STATUS[code], details)

@@ -11,12 +11,24 @@ parts"):
 * **Only fixed state.** The routes are given at construction (``/healthz``, ``/readyz``, ``/metrics``);
   any other target is answered 404 from a constant, so no path, header, method or query a client sends
   leaves anything behind once its connection is gone.
-* ``max_connections``: at the cap a newcomer is admitted by closing the connection that has waited
-  longest on its peer (for its request, for its next request, or to take its answer), except one that
-  sent a complete request line in the last second (``RECENT_REQUEST``) or whose answer is being
-  computed. Kubelet's probe sends its request with the connection, and its request line is looked at
-  (peeked) as soon as it is accepted, so a flood of connections that send nothing cannot push it out.
-  When every connection at the cap is that busy, the newcomer is closed instead.
+* ``max_connections``: at the cap a newcomer is admitted by closing the connection with the least claim
+  to stay (``claim``), and among equals the one that has waited longest on its peer (for its request,
+  for its next request, or to take its answer). Claims, lowest first: (0) nothing of a request, or a
+  request line older than a second, or answers left unread; (1) a complete request line in the last
+  second (``RECENT_REQUEST``), its headers still to come, or a new connection in its first 50 ms
+  (``NEW_CONNECTION``: time for its request to arrive); (2) a complete request head, whose answer is
+  owed (computed now, or in this loop turn). A new connection ranks with a request line, not below it:
+  kubelet's probe is a new connection until its bytes arrive, and in a flood of request lines, the
+  newest of its rank, it is the last to be closed (ranked below, it was closed at 1,000 a second on a
+  loaded machine); the price is that a burst of silent connections accepted within 50 ms can close a
+  client still sending its headers. A connection owed its answer is never closed for room;
+  when every connection at the cap is owed one, the newcomer is closed instead. What a connection sent
+  is looked at (peeked) as soon as it is accepted and again before it is closed for room, so kubelet's
+  probe, which sends its whole request with the connection, is owed its answer before its bytes are
+  read, and neither a flood of silent connections nor one of bare request lines pushes it out. (When a
+  request line counted like a whole request for its second, 250 such connections a second made most
+  probes fail: docs/evidence/review-defects.md.) Choosing whom to close is one pass over the
+  connections with no allocation: it runs for every newcomer of a flood at the cap.
 * ``request_timeout``: a request's line and headers must arrive within it, from the first byte (from
   the accept for the first request), and an answer must be taken within it; trickling bytes does not
   reset it. A late request is answered 408 and closed. ``idle_timeout``: how long a keep-alive
@@ -36,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import threading
 import time
@@ -63,8 +76,12 @@ NOT_FOUND: Answer = (404, b"not found: try /metrics, /healthz, /readyz\n", TEXT)
 LINGER_SECONDS = 1.0
 #: at most one warning line this often about refused requests and closed connections
 REFUSAL_LOG_INTERVAL = 60.0
-#: a connection that sent a complete request line this recently is never closed to make room
+#: a connection that sent a complete request line this recently ranks above one that sent nothing
 RECENT_REQUEST = 1.0
+#: a new connection ranks as one that sent its request line for this long: the time a client needs to
+#: send its request once connected (a round trip and its own scheduling), after which only what it sent
+#: counts; a probe whose request has not arrived yet when the next newcomer comes is not closed for it
+NEW_CONNECTION = 0.05
 #: computing one route's answers may take this share of the loop's time over a long run ...
 ANSWER_SHARE = 0.25
 #: ... and this many seconds at a stretch: a scraper is never slowed, a client that asks without pause is
@@ -85,6 +102,15 @@ class HttpLimits:
     max_header_fields: int = 100
     max_requests_per_connection: int = 1000
     backlog: int = 1024
+
+
+# How strongly a connection keeps its place at the connection cap (see the module doc), lowest first.
+#: nothing of a request yet, a request line older than RECENT_REQUEST, or answers left unread
+NO_CLAIM = 0
+#: a complete request line in the last RECENT_REQUEST, its headers still to come; or a new connection
+REQUEST_LINE = 1
+#: a complete request head: its answer is owed; never closed for room
+OWED = 2
 
 
 class _Refused(Exception):
@@ -274,13 +300,33 @@ class BoundedHttpServer:
         """Take ``connection`` in, making room at the cap (see the module doc); False: it was closed."""
         if len(self._connections) >= self.limits.max_connections:
             now = self.loop.time()
-            evictable = [c for c in self._connections if not c.busy(now)]
-            if not evictable:
+            passed: set[_Connection] = set()
+            while (candidate := self._least_claim(now, passed)) is not None:
+                # What it sent since it was last looked at may have made its answer owed (a probe whose
+                # request arrived after its accept, not read yet): look again before closing it.
+                candidate.peek_request_head()
+                if candidate.claim(now) < OWED:
+                    candidate.drop("max_connections")
+                    break
+                passed.add(candidate)
+            else:
                 self.count("max_connections")
                 return False
-            min(evictable, key=lambda c: c.waiting_since).drop("max_connections")
         self._connections[connection] = None
         return True
+
+    def _least_claim(self, now: float, passed: set[_Connection]) -> _Connection | None:
+        """The connection with the least claim, the longest waiting among equals; None if every one is owed
+        its answer. One pass with no allocation: it runs for every newcomer of a flood at the cap."""
+        best: _Connection | None = None
+        best_claim, best_since = OWED, math.inf
+        for connection in self._connections:
+            claim = connection.claim(now)
+            if claim == OWED or connection in passed:
+                continue
+            if claim < best_claim or (claim == best_claim and connection.waiting_since < best_since):
+                best, best_claim, best_since = connection, claim, connection.waiting_since
+        return best
 
     def forget(self, connection: _Connection) -> None:
         self._connections.pop(connection, None)
@@ -311,9 +357,9 @@ def _credit(state: _RouteState, now: float) -> float:
     return min(ANSWER_BURST, state.credit + (now - state.since) * ANSWER_SHARE)
 
 
-def _ends_request_line(data: bytes) -> bool:
-    """Whether ``data``, the start of a request head, holds its complete request line."""
-    return b"\n" in data.lstrip(b"\r\n")
+def _empty_line_after_a_line(data: bytes) -> bool:
+    """Whether ``data``, bytes of a request head from its first, holds its end (a line, then an empty one)."""
+    return b"\n\r\n" in data or b"\n\n" in data
 
 
 class _Connection(asyncio.Protocol):
@@ -330,8 +376,12 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0  # bytes of the current request head given to h11 so far
         self.line_checked = False  # the current head's request line is known to be within its limit
         self.line_at: float | None = None  # when the current head's request line was complete
+        self.begun = False  # a byte of the current request head (other than empty lines before it) arrived
+        self.head_done = False  # the current head is complete: its answer is owed (OWED)
+        self.tail = b""  # the last bytes of the current head received, to find its end across reads
+        self.peeked = 0  # bytes looked at in the socket (peek_request_head) and not received yet
         self.served = 0
-        self.waiting_since = self.loop.time()
+        self.accepted_at = self.waiting_since = self.loop.time()
         self.timer: asyncio.TimerHandle | None = None
         self.idle = False  # between two requests of a keep-alive connection, nothing of the next yet
         self.write_blocked = False  # the client does not take its answers
@@ -349,28 +399,30 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self._peek_request_line()
+        self.peek_request_head()
         if not self.server.admit(self):
             self.abort()
             return
         self._wait(self.limits.request_timeout)
 
-    def _peek_request_line(self) -> None:
-        """A request sent with the connection (kubelet's probe) protects it from being closed for room
-        before its bytes are read (the rest of the accepted backlog is admitted first)."""
+    def peek_request_head(self) -> None:
+        """Look at what the client sent and the loop has not read yet (on accept, and before the
+        connection is closed for room): a request sent with the connection (kubelet's probe) gives it its
+        claim before its bytes are read (the rest of the accepted backlog is admitted first)."""
         transport_socket = self.transport.get_extra_info("socket") if self.transport is not None else None
-        if transport_socket is None:
+        if transport_socket is None or self.closing or self.head_done or self.asked is not None:
             return
         # asyncio's socket wrapper has no recv: a socket object on the same descriptor, detached after
         peek = socket.socket(fileno=transport_socket.fileno())
         try:
-            start = peek.recv(self.limits.max_request_line, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            ahead = peek.recv(self._max_head(), socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except OSError:
             return
         finally:
             peek.detach()
-        if _ends_request_line(start):
-            self.line_at = self.loop.time()
+        if len(ahead) > self.peeked:
+            self._look_at_head(ahead[self.peeked :])
+            self.peeked = len(ahead)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -378,13 +430,24 @@ class _Connection(asyncio.Protocol):
         if self.idle:
             self.idle = False
             self._wait(self.limits.request_timeout)
-        if self.line_at is None and self.asked is None:
-            started = self.head_bytes or self.buffer.strip(b"\r\n")  # a request head has begun before
-            if (b"\n" in data) if started else _ends_request_line(data):
-                self.line_at = self.loop.time()
+        unseen = data[self.peeked :]  # the first bytes were looked at when accepted
+        self.peeked = max(self.peeked - len(data), 0)
+        if unseen and not self.head_done and self.asked is None:
+            self._look_at_head(unseen)
         self.buffer += data
         self._flow()
         self._schedule()
+
+    def _look_at_head(self, data: bytes) -> None:
+        """Follow the current request head through ``data``: its request line, then its end."""
+        if not self.begun:
+            data = data.lstrip(b"\r\n")  # the empty lines a client may send before a request count for nothing
+            self.begun = bool(data)
+        if self.line_at is None and b"\n" in data:
+            self.line_at = self.loop.time()
+        window = self.tail + data
+        self.head_done = self.line_at is not None and _empty_line_after_a_line(window)
+        self.tail = window[-2:]
 
     def eof_received(self) -> bool:
         if self.closing:
@@ -415,9 +478,20 @@ class _Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- the exchange
 
-    def busy(self, now: float) -> bool:
-        """Not to be closed for room: its answer is being computed, or it just sent a request line."""
-        return self.asked is not None or (self.line_at is not None and now - self.line_at < RECENT_REQUEST)
+    def claim(self, now: float) -> int:
+        """How strongly it keeps its place at the connection cap (see the module doc): NO_CLAIM,
+        REQUEST_LINE or OWED."""
+        if self.asked is not None:
+            return OWED
+        if self.closing or self.write_blocked:
+            return NO_CLAIM
+        if self.head_done:
+            return OWED
+        if self.line_at is not None and now - self.line_at < RECENT_REQUEST:
+            return REQUEST_LINE
+        if not self.served and not self.begun and now - self.accepted_at < NEW_CONNECTION:
+            return REQUEST_LINE
+        return NO_CLAIM
 
     def _wait(self, seconds: float) -> None:
         """Start waiting on the peer: the one timer, and the age the connection limit compares."""
@@ -438,7 +512,7 @@ class _Connection(asyncio.Protocol):
             self._refuse(_Refused(HTTPStatus.REQUEST_TIMEOUT, "the request did not arrive in time"))
 
     def _next_request(self) -> None:
-        self.line_at = None
+        self.line_at, self.begun, self.head_done, self.tail = None, False, False, b""
         if self.buffer or self.head_bytes:  # the next request has begun (pipelined)
             self.idle = False
             self._wait(self.limits.request_timeout)

@@ -8,9 +8,10 @@ and friends are there as on any Prometheus client.
 
 Families (docs/reference/metrics.md has the full reference):
 
-* standard gRPC server metrics, named as py-grpc-prometheus / go-grpc-prometheus name them, so
-  existing dashboards work: ``grpc_server_started_total``, ``grpc_server_handled_total``,
-  ``grpc_server_handling_seconds``;
+* standard gRPC server metrics, named and labelled as go-grpc-prometheus writes them, so dashboards
+  and alerts written for Go gRPC servers work: ``grpc_server_started_total``,
+  ``grpc_server_handled_total`` (``grpc_code`` spelled as grpc-go spells a code: ``OK``,
+  ``Unavailable``, ``DeadlineExceeded``), ``grpc_server_handling_seconds``;
 * ``ca_externalgrpc_*``: build info, cloud API calls, retries, circuit breaker, node groups, sync,
   scale actions. Every series about one backend carries a ``backend`` label (the configured name), so
   two backends of the same cloud never merge into one series.
@@ -61,8 +62,53 @@ PREFIX = "ca_externalgrpc_"
 EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
 DISTRIBUTION = "ca-externalgrpc-server"
 
-#: sub-millisecond in-memory reads up to the CA's default 5 s gRPC deadline (plus a margin)
-GRPC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: From 5 us to 10 s, 1-2.5-5 per decade, chosen by measurement (tests/monitoring/rpc_latency.py,
+#: docs/evidence/alerts.md): the native engine answers reads from its tables in 2-10 us, Python in
+#: 10-300 us, size changes wait for the cloud (milliseconds to seconds), and the CA's deadline is 5 to
+#: 10 s. With a first bound of 0.5 ms every read landed in the first bucket and a p99 read 0.495 ms.
+GRPC_BUCKETS = (
+    0.000005,
+    0.00001,
+    0.000025,
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+#: ``grpc_code`` label values, as grpc-go's ``codes.Code.String()`` writes them (go-grpc-prometheus uses
+#: it), in the order of gRPC's code numbers. Not Python's UPPER_CASE names: note ``Canceled``.
+GRPC_CODE_LABELS = (
+    "OK",
+    "Canceled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+)
 #: cloud HTTP calls: tens of ms on a good day, up to the transport's longest timeout
 CLOUD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -71,6 +117,11 @@ INSTANCE_STATES = ("running", "creating", "deleting", "unspecified", "error")
 #: circuit breaker states; one series each, 1 for the current state and 0 for the others
 BREAKER_STATES = ("closed", "half-open", "open")
 _BREAKER_ALIASES = {"half_open": "half-open", "0": "closed", "1": "half-open", "2": "open"}
+
+
+def grpc_code_label(code: Code) -> str:
+    """The ``grpc_code`` label value of ``code`` (both serving engines' calls go through here)."""
+    return GRPC_CODE_LABELS[code.value]
 
 
 def build_labels() -> dict[str, str]:
@@ -89,8 +140,10 @@ def build_labels() -> dict[str, str]:
 class Metrics:
     """All metric families of one server process, in a registry of their own."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, grpc_buckets: Sequence[float] = GRPC_BUCKETS) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        #: the bounds of grpc_server_handling_seconds, for both engines (the native one counts into them too)
+        self.grpc_buckets = tuple(grpc_buckets)
         r = self.registry
         # prometheus_client registers these on its global registry only; ours gets its own.
         ProcessCollector(registry=r)
@@ -112,18 +165,22 @@ class Metrics:
         )
         self.grpc_handled = Counter(
             "grpc_server_handled_total",
-            "RPCs completed on the server, regardless of success or failure.",
+            "RPCs completed on the server, regardless of success or failure, by grpc_code as grpc-go and "
+            "go-grpc-prometheus spell a status code (OK, NotFound, FailedPrecondition, Unavailable, DeadlineExceeded).",
             (*grpc_labels, "grpc_code"),
             registry=None,
         )
         self.grpc_handling_seconds = Histogram(
             "grpc_server_handling_seconds",
-            "Time the server took to handle an RPC, from receipt to the handler returning.",
+            "Time the server took to answer an RPC (buckets 5 us to 10 s: reads from "
+            "memory take microseconds, size changes wait for the cloud).",
             grpc_labels,
-            buckets=GRPC_BUCKETS,
+            buckets=self.grpc_buckets,
             registry=None,
         )
-        self._server_calls = _ServerCallsCollector(self.grpc_started, self.grpc_handled, self.grpc_handling_seconds)
+        self._server_calls = _ServerCallsCollector(
+            self.grpc_started, self.grpc_handled, self.grpc_handling_seconds, self.grpc_buckets
+        )
         r.register(self._server_calls)
         self.cloud_requests = Counter(
             PREFIX + "cloud_api_requests_total",
@@ -215,7 +272,7 @@ class Metrics:
             seconds.observe(elapsed)
             child = handled.get(code)
             if child is None:
-                child = handled[code] = self.grpc_handled.labels("unary", service, method, code.name)
+                child = handled[code] = self.grpc_handled.labels("unary", service, method, grpc_code_label(code))
             child.inc()
 
         return started.inc, observe
@@ -262,14 +319,20 @@ class Metrics:
 
     def set_breaker_state(self, backend: str, api: str, state: int | str) -> None:
         current = _breaker_state(state)
+        # The new state's 1 first, then the others' 0: a scrape between the two writes sees two states
+        # at 1 rather than none, so an alert on "not closed" never reads a gap as a recovery.
+        self.breaker_state.labels(backend, api, current).set(1)
         for name in BREAKER_STATES:
-            self.breaker_state.labels(backend, api, name).set(1 if name == current else 0)
+            if name != current:
+                self.breaker_state.labels(backend, api, name).set(0)
 
     # ------------------------------------------------------------------ backends (sync listener)
     def watch_backends(self, backends: Iterable[Any]) -> None:
         """Report the snapshot age and staleness of ``backends`` from now on, before their first sync."""
         for backend in backends:
             self._snapshots.track(backend)
+            # Present at 0 from the start: "no failed sync" reads 0 on a dashboard, not No data.
+            self.sync_errors.labels(backend.name)
 
     def observe_backend(self, backend: Any) -> None:
         """Listener for ``Backend.listeners``: called after every sync attempt."""
@@ -455,15 +518,16 @@ class _SnapshotCollector(Collector):
 
 
 #: one method's natively answered calls:
-#: (service, method, calls, count per bucket of GRPC_BUCKETS then +Inf, seconds)
+#: (service, method, calls, count per bucket of Metrics.grpc_buckets then +Inf, seconds)
 NativeCall = tuple[str, str, int, Sequence[int], float]
 
 
 class _ServerCallsCollector(Collector):
     """The three gRPC server families, the native engine's calls (all unary, all OK) added in."""
 
-    def __init__(self, started: Counter, handled: Counter, seconds: Histogram) -> None:
+    def __init__(self, started: Counter, handled: Counter, seconds: Histogram, buckets: Sequence[float]) -> None:
         self._families = (started, handled, seconds)
+        self._bounds = (*buckets, float("inf"))
         self.native: Callable[[], Sequence[NativeCall]] | None = None
 
     def describe(self) -> list[Metric]:
@@ -475,9 +539,9 @@ class _ServerCallsCollector(Collector):
         for service, method, calls, buckets, total in native:
             labels = {"grpc_type": "unary", "grpc_service": service, "grpc_method": method}
             _add(started, "grpc_server_started_total", labels, calls)
-            _add(handled, "grpc_server_handled_total", {**labels, "grpc_code": "OK"}, calls)
+            _add(handled, "grpc_server_handled_total", {**labels, "grpc_code": grpc_code_label(Code.OK)}, calls)
             cumulative = 0
-            for bound, count in zip((*GRPC_BUCKETS, float("inf")), buckets, strict=True):
+            for bound, count in zip(self._bounds, buckets, strict=True):
                 cumulative += count
                 _add(
                     seconds, "grpc_server_handling_seconds_bucket", {**labels, "le": floatToGoString(bound)}, cumulative

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from providers.errors import printable
 from server.http_server import TEXT, Answer, BoundedHttpServer, HttpLimits
 from server.metrics import EXPOSITION_CONTENT_TYPE, Metrics
 
@@ -125,9 +126,11 @@ def readiness(draining: Callable[[], bool], backends: Iterable[Any], role: Check
 
 
 def _backend_state(backend: Any) -> str:
+    """The backend's line on /readyz: which state and why, in words (server/diagnosis.py), never the
+    settings or the cloud's message, which ``status`` and the log give to those allowed to see them."""
     from server.diagnosis import report
 
-    return report(backend).summary
+    return report(backend).readiness
 
 
 # ---------------------------------------------------------------------- the HTTP server
@@ -155,7 +158,7 @@ def serve_http(
     def check_answer(check: Check | None, path: str) -> Callable[[], Answer]:
         def answer() -> Answer:
             ok, reason = _run_check(check, path)
-            return (200 if ok else 503), reason.encode() + b"\n", TEXT
+            return (200 if ok else 503), printable(reason).encode() + b"\n", TEXT
 
         return answer
 

@@ -15,6 +15,7 @@ from protos import diagnostics_pb2 as dpb
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from protos.diagnostics_pb2_grpc import DiagnosticsStub
+from providers.errors import printable
 
 STATES = {1: "running", 2: "creating", 3: "deleting", 0: "unknown"}
 #: exit status when the server answers but a backend is unhealthy (1: the server could not be asked, 2: usage)
@@ -180,7 +181,9 @@ def render(rows: list[dict[str, object]], backends: list[BackendLine]) -> str:
         "template",
         "debug",
     ]
-    table = [[str(row.get(c, 0)) for c in cols] for row in rows]
+    # Everything shown comes from the server, which may quote a cloud or a proxy (or be an older release
+    # that did not escape): nothing a terminal would act on is printed as it is.
+    table = [[printable(str(row.get(c, 0))) for c in cols] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in table]) for i, c in enumerate(cols)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip()]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in table]
@@ -193,11 +196,12 @@ def render(rows: list[dict[str, object]], backends: list[BackendLine]) -> str:
     for b in backends:
         word = "healthy" if b.healthy else "UNHEALTHY"
         cloud = f" ({b.cloud})" if b.cloud and b.cloud != "?" else ""
-        lines.append(f"backend {b.name}{cloud}: {word}, {b.state}, {b.groups} group(s), snapshot age {b.age}")
+        line = f"backend {b.name}{cloud}: {word}, {b.state}, {b.groups} group(s), snapshot age {b.age}"
+        lines.append(printable(line))
         if b.last_error:
-            lines.append(f"  last error: {b.last_error}")
+            lines.append(f"  last error: {printable(b.last_error)}")
         if b.check:
-            lines.append(f"  check: {b.check}")
+            lines.append(f"  check: {printable(b.check)}")
     return "\n".join(lines)
 
 
@@ -218,11 +222,11 @@ def print_status(
         try:
             rows, backends = collect(channel, timeout)
         except grpc.RpcError as err:
-            print(f"error: {address}: {err.code().name}: {err.details()}", file=sys.stderr)
+            print(f"error: {address}: {err.code().name}: {printable(err.details() or '')}", file=sys.stderr)
             return 1
     print(render(rows, backends))
     if any(not b.healthy for b in backends):
-        unhealthy = ", ".join(b.name for b in backends if not b.healthy)
+        unhealthy = printable(", ".join(b.name for b in backends if not b.healthy))
         print(f"error: unhealthy backend(s): {unhealthy}", file=sys.stderr)
         return UNHEALTHY
     return 0

@@ -144,15 +144,15 @@ class BizflyClient:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
         return self._call("GET", path, POOL_ENDPOINT, deadline).body
 
-    # The two writes: a 2xx answer is success whatever its body. No public client reads these answers, so
-    # nothing says they are JSON; an empty or unreadable body must not report an applied change as failed.
+    # The two writes: a 2xx answer with an empty body or JSON is done (no public client reads these answers);
+    # one with another body is an unknown outcome the backend reads back (providers/http_transport.py).
     def set_desired_size(self, pool_id: str, size: int, deadline: Deadline) -> None:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}"
-        self._call("PATCH", path, POOL_ENDPOINT, deadline, json_body={"desired_size": int(size)}, body_optional=True)
+        self._call("PATCH", path, POOL_ENDPOINT, deadline, json_body={"desired_size": int(size)})
 
     def delete_node(self, pool_id: str, node_id: str, deadline: Deadline) -> None:
         path = f"/_/{_segment(self.config.cluster_name)}/{_segment(pool_id)}/{_segment(node_id)}"
-        self._call("DELETE", path, POOL_NODE_ENDPOINT, deadline, body_optional=True)
+        self._call("DELETE", path, POOL_NODE_ENDPOINT, deadline)
 
     # ------------------------------------------------------------------ plumbing
     def _call(
@@ -162,7 +162,6 @@ class BizflyClient:
         endpoint: str,
         deadline: Deadline,
         json_body: Any = None,
-        body_optional: bool = False,
     ) -> Any:
         with using_deadline(deadline):
             api = self._api_transport(deadline)
@@ -172,7 +171,6 @@ class BizflyClient:
                 endpoint=endpoint,
                 deadline=deadline,
                 json_body=json_body,
-                body_optional=body_optional,
             )
 
     def _api_transport(self, deadline: Deadline) -> HttpTransport:

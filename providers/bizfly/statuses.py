@@ -13,7 +13,10 @@ and common synonyms are accepted too.
 the pool off and delete it) or failed later, for instance a failed health check of a node that served
 for days (the CA must not take it for a failed scale-up). Senlin's ``status_reason`` tells them apart
 (``Failed in creating server: ...`` versus ``Check: Node is not ACTIVE.``, ``Recovery failed``,
-``Failed in recovering ...``); when the reason says neither, what this server saw of the node decides
+``Failed in recovering ...``). Senlin wraps one failure in another (a failed recovery that recreated the
+server reads ``Failed in recovering node '<id>': Failed in creating server: ...``), and the outer words,
+the first in the text, say what failed: the first pattern found in the reason decides. When the reason
+says neither, what this server saw of the node decides
 (``History``): seen serving, it failed later; seen being created, or new since the pool's previous
 listing, its creation failed; with nothing seen (the first listing after a start) there is no
 evidence, and the node is taken for one that exists, which never makes the CA delete a machine on our
@@ -165,10 +168,10 @@ def map_status(status: str | None, reason: str | None = None, history: History =
 
 def failed_at_creation(reason: str, history: History) -> bool:
     """Whether an ERROR node is a failed creation (True) or a machine that failed after it existed."""
-    if _CREATION_FAILED.search(reason):
-        return True
-    if _FAILED_LATER.search(reason):
-        return False
+    creation, later = _CREATION_FAILED.search(reason), _FAILED_LATER.search(reason)
+    if creation or later:
+        # Senlin puts a wrapped error's text after its own words: the outer failure comes first.
+        return later is None or (creation is not None and creation.start() < later.start())
     if _OUT_OF_RESOURCES.search(reason):
         return True  # no room for the machine: only a creation asks for room
     if history is History.SERVING:

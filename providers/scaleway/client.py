@@ -283,8 +283,9 @@ class ScalewayClient:
         return listing
 
     def update_pool_size(self, pool_id: str, size: int, deadline: Deadline) -> Pool | None:
-        """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer carried
-        no readable pool (the write is done all the same: docs/reference/scaleway.md, "Writes")."""
+        """PATCH ``{"size": size}``; the pool as the cloud answered it, or None when the 2xx answer was empty
+        or a JSON object that is not a pool (the write is done all the same: docs/reference/scaleway.md,
+        "Writes")."""
         _require_id("pool id", pool_id)
         route = self.routes.pool
         answer = self.transport.request(
@@ -293,13 +294,12 @@ class ScalewayClient:
             endpoint=route,
             deadline=deadline,
             json_body={"size": size},
-            body_optional=True,
         )
         return _parse_write_answer(answer, _parse_pool, "PATCH " + route)
 
     def delete_node(self, node_id: str, deadline: Deadline) -> Node | None:
         """DELETE one node. Kapsule drains it and lowers its pool's size by one itself. The node as the
-        cloud answered it, or None when the 2xx answer carried no readable node (the deletion is done).
+        cloud answered it, or None when the 2xx answer was empty or not a node (the deletion is done).
 
         On the public endpoint the query carries ``skip_drain=false``, as Scaleway's SDKs always send it (the
         field is documented as inactive): Kapsule drains the node first either way."""
@@ -311,7 +311,6 @@ class ScalewayClient:
             endpoint=route,
             deadline=deadline,
             params={"skip_drain": "false"} if self.public else None,
-            body_optional=True,
         )
         return _parse_write_answer(answer, _parse_node, "DELETE " + route)
 

@@ -9,6 +9,10 @@ urllib3 pool) and hand back the answer's JSON or bytes. No generated API class (
 ``CoordinationV1Api``) and no model class is imported or built: importing one API class loads about 250
 model modules, about 21 MiB of RSS (docs/evidence/kubernetes-features.md, "Memory and CPU"), and every answer would be
 turned into model objects. The bodies sent are the API's JSON, written as plain dicts.
+
+Nor is the validator the client's dynamic module loads when it happens to be installed
+(``kubernetes_validate``, with jsonschema and its format checkers: 20 MiB where they are, as in a
+development environment): ``_import_client`` keeps it out (docs/evidence/memory-and-cloud-requests.md).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -211,8 +216,34 @@ def _identity(settings: KubernetesConfig) -> str:
     return settings.identity or os.environ.get("POD_NAME") or socket.gethostname()
 
 
+# Optional packages the ``kubernetes`` package imports when they are installed, for what the server never uses:
+# the dynamic client's validation of manifests against the API's schemas.
+UNUSED_OPTIONAL_IMPORTS = ("kubernetes_validate",)
+
+
+def _import_client() -> None:
+    """Import the ``kubernetes`` package without the optional packages it would load for features no
+    Kubernetes feature of this server uses (``UNUSED_OPTIONAL_IMPORTS``).
+
+    A ``None`` in ``sys.modules`` makes an import of that name fail, so the client takes the package as
+    absent, as it is in the image; the entry is taken out again at once, so that other code of the
+    process (a test suite) can still import the package itself."""
+    if "kubernetes" in sys.modules:
+        return
+    blocked = [name for name in UNUSED_OPTIONAL_IMPORTS if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        import kubernetes  # noqa: F401
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
 def connect(settings: KubernetesConfig) -> KubeConnection:
     """An API client from the kubeconfig file, else from the pod's service account; ConfigError if neither."""
+    _import_client()
     from kubernetes import client, config
 
     configuration = client.Configuration()

@@ -7,7 +7,8 @@ real node of the group knows both. This module watches the Node objects, maps ea
 the labels that describe its group (providers/node_labels.py: a stable allowlist plus
 ``learned_templates.labels``, the same rule as for the labels the CA shows in NodeGroupForNode, without
 the labels known to name a machine or a moment, nor those found to differ between the group's nodes or to
-change on one node: a GPU node relabelled every minute teaches its template once) and the
+change on one node until the nodes agree again: a GPU node relabelled every minute teaches its template
+once) and the
 taints the config names (``learned_templates.taints``): never what an operator put on one node (a
 maintenance taint, a manual label), which would outlive that node. The pool's own labels and taints are
 not learned at all: the backend takes them from the cloud when it serves the template (the cloud's pool
@@ -20,8 +21,10 @@ Memory does not grow with the size of Node objects, and little with their number
 pages (``limit``/``continue``) and the watch line by line, each decoded by msgspec into the dozen fields
 used (``NodeFields``), the rest of the bytes (images, conditions' messages, managed fields) skipped by
 the parser without building Python objects. What is kept is per group: the record, the node it was
-learned from and at most one other Ready node that would teach something different; per node only the
-few nodes seen Ready before their machine was in a cloud listing, and only until two listings later.
+learned from and at most one other Ready node that would teach something different, and for each label
+key found to vary, the last value of each node that carries it (until they agree again,
+providers/node_labels.py); per node only the few nodes seen Ready before their machine was in a cloud
+listing, and only until two listings later.
 
 Writes are rate-limited per ConfigMap (``min_write_interval``), guarded by the resourceVersion read just
 before (a conflicting writer makes us re-read and merge), skipped when nothing changed, kept under the
@@ -554,27 +557,35 @@ class TemplateLearner:
         with self._lock:
             # Labels first: a key whose value this node shows differently from another node of the group,
             # or from what it showed before, varies; it leaves the template, and the record if it is there.
+            # A key that varied comes back, into the record too, once the nodes agree again (node_labels.py).
             agreement = self._agreements.setdefault(key, LabelAgreement())
-            found = agreement.observe(template.labels)
+            seen = agreement.observe(template.labels, name, self._clock())
             template = replace(template, labels=agreement.agreed(template.labels))
             records = self._records.setdefault(backend.name, {})
             current = records.get(group_id)
-            pruned: LearnedTemplate | None = None
-            if current is not None and found & current.template.labels.keys():
-                kept = replace(current.template, labels=agreement.agreed(current.template.labels))
-                pruned = current = replace(current, template=kept, varying_labels=frozenset(agreement.varying))
+            amended: LearnedTemplate | None = None
+            if current is not None and (seen.varied & current.template.labels.keys() or seen.agreed_again):
+                labels = {**agreement.agreed(current.template.labels), **seen.agreed_again}
+                kept = replace(current.template, labels=labels)
+                amended = current = replace(current, template=kept, varying_labels=frozenset(agreement.varying))
                 records[group_id] = current
                 self._dirty.add(backend.name)
             learned = self._teach_locked(key, current, name, template, frozenset(agreement.varying))
-        changed = learned or pruned
+        changed = learned or amended
         if changed is None:
             return
         backend.set_learned_template(group_id, changed)
         if learned is None:
-            log.info(
-                "labels that differ between a node group's nodes, or change on a node, left its template",
-                extra={"backend": backend.name, "node_group": group_id, "labels": sorted(found)[:20]},
-            )
+            if seen.varied:
+                log.info(
+                    "labels that differ between a node group's nodes, or change on a node, left its template",
+                    extra={"backend": backend.name, "node_group": group_id, "labels": sorted(seen.varied)[:20]},
+                )
+            if seen.agreed_again:
+                log.info(
+                    "labels the node group's nodes agree on again came back into its template",
+                    extra={"backend": backend.name, "node_group": group_id, "labels": dict(seen.agreed_again)},
+                )
         else:
             log.info(
                 "learned the template of a node group from its node",

@@ -154,6 +154,11 @@ class BizflySimulator:
         ACTIVE." by default; it stays in the pool, not Ready."""
         self.state.fail_health_check(node, reason)
 
+    def fail_recovery(self, node: str, reason: str = QUOTA_REASON) -> None:
+        """A node that exists (id, physical_id or name) is recovered by recreating its server, which cannot
+        be created: ERROR, "Failed in recovering node '<id>': Failed in creating server: <reason>."."""
+        self.state.fail_recovery(node, reason)
+
     @property
     def project_id(self) -> str:
         """The account's default project (what a token is scoped to unless the login names another)."""

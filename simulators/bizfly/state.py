@@ -73,11 +73,16 @@ class StatusVocabulary:
     # The status_reason of a failed creation, from the failure's message.
     failed_reason_format: str = "{reason}"
     unhealthy_reason: str = "Check: Node is not ACTIVE."
+    # The status_reason of a node whose recovery (its server recreated) failed, from the failure's message.
+    recovery_failed_format: str = "Recovery failed: {reason}."
     # Statuses of a node that exists and serves (or serves again soon), with their usual reason: phase running.
     serving: tuple[tuple[str, str], ...] = ()
 
     def failure_reason(self, reason: str) -> str:
         return self.failed_reason_format.format(reason=reason.rstrip("."))
+
+    def recovery_failure_reason(self, node_id: str, reason: str) -> str:
+        return self.recovery_failed_format.format(node_id=node_id, reason=reason.rstrip("."))
 
     def serving_reason(self, status: str) -> str | None:
         """The usual reason of a serving status other than ``running``; None when ``status`` is not one."""
@@ -91,6 +96,8 @@ SENLIN_VOCABULARY = StatusVocabulary(
     failed="ERROR",
     init="INIT",
     failed_reason_format="Failed in creating server: {reason}.",
+    # Node.do_recover keeps str() of the EResourceOperation that wraps the recreation's creation error.
+    recovery_failed_format="Failed in recovering node '{node_id}': Failed in creating server: {reason}.",
     serving=(
         ("WARNING", "Failed in adding node into lb pool."),
         ("UPDATING", "Update in progress"),
@@ -640,11 +647,20 @@ class BizflyState:
     def fail_health_check(self, node_ref: str, reason: str | None = None) -> None:
         """A node that exists fails its health check: ERROR with Senlin's "Check: Node is not ACTIVE."; it
         stays a member of the cluster (not Ready) until it is recovered or deleted."""
+        self._fail_existing(node_ref, lambda node: reason or self.vocabulary.unhealthy_reason)
+
+    def fail_recovery(self, node_ref: str, reason: str = QUOTA_REASON) -> None:
+        """A node that exists is recovered by recreating its server, and the new server cannot be created:
+        ERROR with the recovery's failure (Senlin: "Failed in recovering node '<id>': Failed in creating
+        server: <reason>."). Like a failed health check, it stays a member of the cluster (not Ready)."""
+        self._fail_existing(node_ref, lambda node: self.vocabulary.recovery_failure_reason(node.id, reason))
+
+    def _fail_existing(self, node_ref: str, reason: Callable[[Node], str]) -> None:
         with self._lock:
             self.reconcile()
             node = self._node_anywhere(node_ref)
             node.phase, node.status = NodePhase.UNHEALTHY, self.vocabulary.failed
-            node.status_reason = reason or self.vocabulary.unhealthy_reason
+            node.status_reason = reason(node)
             node.due_at = node.init_until = None
             node.will_fail_reason = None
 

@@ -43,14 +43,15 @@ from typing import Any
 import grpc
 
 from devstack.clouds import scaleway_backend
-from devstack.harness import ServerProcess, server_config
+from devstack.harness import ServerProcess, process_cpu_seconds, server_config
 from protos import externalgrpc_pb2 as pb
 from protos import externalgrpc_pb2_grpc as pb_grpc
 from server.kube.client import KubeConnection, core_path
 from simulators.common.clock import WallClock
 from simulators.scaleway import ScalewaySimulator
+from tests.bench import heap
 from tests.bench.cluster import BENCH_REGION, BENCH_SECRET_KEY, UNMANAGED_POOL, bench_scenario
-from tests.bench.kubelet_nodes import conditions, kubelet_node
+from tests.bench.kubelet_nodes import conditions, kubelet_node, nfd_labels
 from tests.bench.servers import START_TIMEOUT, Startup, _wait_ready
 from tests.e2e.control_plane import ControlPlane, ControlPlanePrograms
 from tests.support.gobuild import binary_path
@@ -88,12 +89,6 @@ class Measured:
 
 
 # ---------------------------------------------------------------------------------------- /proc
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def thread_count(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Threads:"):
@@ -117,14 +112,16 @@ class Machine:
     allocatable: dict[str, str]
 
 
-def machines_of(sim: ScalewaySimulator) -> list[Machine]:
-    """Every machine of the simulator with what its kubelet would report (Kapsule's labels, Ki units)."""
+def machines_of(sim: ScalewaySimulator, extra_labels: int = 0) -> list[Machine]:
+    """Every machine of the simulator with what its kubelet would report (Kapsule's labels, Ki units), and
+    ``extra_labels`` labels of node-feature-discovery (the same on every machine: all of them learned)."""
     state = sim.state
+    hardware = nfd_labels(extra_labels) if extra_labels else {}
     result = []
     with state.lock:
         for index, node in enumerate(state.nodes.values()):
             pool = state.pools[node.pool_id]
-            labels = state.kubernetes_labels(node)
+            labels = {**hardware, **state.kubernetes_labels(node)}
             memory_kib = pool.capacity.get("memory", 4 * 1024**3) // 1024
             capacity = {
                 "cpu": str(pool.capacity.get("cpu", 2)),
@@ -181,14 +178,6 @@ def set_ready(connection: KubeConnection, name: str, ready: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------- our server
-def server_command(code: Path | None) -> list[str] | None:
-    """``ca-externalgrpc`` from this checkout (None), or from the server code under ``code``."""
-    if code is None:
-        return None
-    boot = f"import sys; sys.path.insert(0, {str(code)!r}); from server.cli import main; sys.exit(main())"
-    return [sys.executable, "-c", boot]
-
-
 def start_server(
     sim: ScalewaySimulator,
     plane: ControlPlane,
@@ -198,6 +187,7 @@ def start_server(
     groups: int,
     workdir: Path,
     code: Path | None,
+    trace_frames: int = 0,
 ) -> tuple[ServerProcess, Startup]:
     namespace = "bench-" + "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
     namespace = "-".join(part for part in namespace.split("-") if part)
@@ -215,8 +205,9 @@ def start_server(
         raw["kubernetes"] = kubernetes
     process = ServerProcess(
         raw,
+        env={heap.SNAPSHOT_ENV: str(workdir / f"{namespace}.tracemalloc")} if trace_frames else None,
         workdir=workdir,
-        command=server_command(code),
+        command=heap.server_command(code, trace_frames),
         log_path=workdir / f"{namespace}.log",
         name=namespace,
         start_timeout=START_TIMEOUT,
@@ -286,21 +277,13 @@ class Cluster:
     workdir: Path
 
 
-def run_size(
-    nodes: int,
-    pools: int,
-    window: float,
-    settle: float,
-    out: Path,
-    codes: Mapping[str, Path | None],
-    sets: Sequence[str],
-) -> dict[str, Any]:
+def run_size(nodes: int, args: argparse.Namespace, codes: Mapping[str, Path | None]) -> dict[str, Any]:
     """One cluster size: a fresh control plane, the nodes, then every feature set of every code."""
-    workdir = out / f"nodes_{nodes}"
+    workdir = args.out / f"nodes_{nodes}"
     workdir.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(control_plane_programs(), workdir / "control-plane", scheduler=False).start()
     sim = ScalewaySimulator(
-        bench_scenario(pools, nodes), clock=WallClock(), secret_key=BENCH_SECRET_KEY, region=BENCH_REGION
+        bench_scenario(args.pools, nodes), clock=WallClock(), secret_key=BENCH_SECRET_KEY, region=BENCH_REGION
     ).start()
     connection = admin_connection(plane)
     try:
@@ -308,7 +291,7 @@ def run_size(
             autoscaled = [p for p in sim.state.pools.values() if p.autoscaling]
             unmanaged = [p.id for p in sim.state.pools.values() if p.name == UNMANAGED_POOL]
         filled = [p.id for p in autoscaled if p.size > 0]
-        machines = machines_of(sim)
+        machines = machines_of(sim, args.labels)
         cluster = Cluster(plane, sim, connection, machines, len(autoscaled), filled, filled[0], workdir)
         created_s = create_nodes(connection, machines, cluster.joining)
         sample = connection.request_bytes("GET", core_path("nodes", name=machines[-1].name))
@@ -318,12 +301,13 @@ def run_size(
             "groups_at_zero": len(autoscaled) - len(filled),
             "unmanaged_nodes": sum(1 for m in machines if m.pool_id in unmanaged),
             "node_json_bytes": len(sample),
+            "nfd_labels_per_node": args.labels,
             "nodes_created_s": round(created_s, 1),
             "load_average_at_start": load_average(),
             "runs": {},
         }
         for label, code in codes.items():
-            result["runs"][label] = measure(cluster, label, code, sets, window, settle)
+            result["runs"][label] = measure(cluster, label, code, args)
         return result
     finally:
         connection.close()
@@ -331,16 +315,14 @@ def run_size(
         plane.stop()
 
 
-def measure(
-    cluster: Cluster, label: str, code: Path | None, sets: Sequence[str], window: float, settle: float
-) -> dict[str, Any]:
-    """Every feature set of one server code on the cluster: start each, measure them idle together, then
-    the time to learn a template after a Node turns Ready."""
+def measure(cluster: Cluster, label: str, code: Path | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Every feature set of one server code on the cluster: start each, measure them idle together (with
+    ``--tracemalloc``, then their heaps), then the time to learn a template after a Node turns Ready."""
     servers: dict[str, ServerProcess] = {}
     measured: dict[str, Measured] = {}
     prefix = "".join(c if c.isalnum() else "-" for c in label.lower())
     try:
-        for name in sets:
+        for name in args.sets:
             process, startup = start_server(
                 cluster.sim,
                 cluster.plane,
@@ -350,6 +332,7 @@ def measure(
                 cluster.groups,
                 cluster.workdir,
                 code,
+                args.tracemalloc,
             )
             servers[name] = process
             entry = measured[name] = Measured(name, startup_s=round(startup.node_groups_s, 2))
@@ -360,18 +343,23 @@ def measure(
                     entry.templates_learned_s = round(done - process.started_at, 2)
                 except TimeoutError as err:
                     entry.extra["templates_learned"] = str(err)
-        time.sleep(settle)
-        before = {name: cpu_seconds(p.pid) for name, p in servers.items()}
+        time.sleep(args.settle)
+        before = {name: process_cpu_seconds(p.pid) for name, p in servers.items()}
         started = time.monotonic()
-        time.sleep(window)
+        time.sleep(args.window)
         elapsed = time.monotonic() - started
         load = load_average()
         for name, process in servers.items():
             entry = measured[name]
-            entry.idle_millicores = round((cpu_seconds(process.pid) - before[name]) / elapsed * 1000, 1)
+            entry.idle_millicores = round((process_cpu_seconds(process.pid) - before[name]) / elapsed * 1000, 1)
             memory = process.memory()
             entry.rss_mib, entry.peak_rss_mib = round(memory["rss_mib"], 1), round(memory["peak_rss_mib"], 1)
             entry.threads = thread_count(process.pid)
+        heaps = (
+            {name: heap.take_snapshot(p.pid, Path(p.env[heap.SNAPSHOT_ENV])) for name, p in servers.items()}
+            if args.tracemalloc
+            else {}
+        )
         # One node of the joining pool turns Ready: how long until each learner serves its template.
         learners = {n: p for n, p in servers.items() if "learned_templates" in FEATURE_SETS[n]}
         teacher = next(m.name for m in cluster.machines if m.pool_id == cluster.joining)
@@ -397,6 +385,8 @@ def measure(
             "code": str(code or "this checkout"),
             "load_average_in_window": load,
             "servers": {name: vars(m) for name, m in measured.items()},
+            "over_none": over_none(measured),
+            **({"heap": heap.summary(heaps)} if heaps else {}),
         }
     finally:
         for process in servers.values():
@@ -404,6 +394,48 @@ def measure(
 
 
 # ---------------------------------------------------------------------------------------- report
+def over_none(measured: Mapping[str, Measured]) -> dict[str, dict[str, float]]:
+    """What each feature set costs over the server without features (MiB of RSS and of peak RSS)."""
+    base = measured.get("none")
+    if base is None:
+        return {}
+    return {
+        name: {
+            "rss_mib": round(m.rss_mib - base.rss_mib, 1),
+            "peak_rss_mib": round(m.peak_rss_mib - base.peak_rss_mib, 1),
+        }
+        for name, m in measured.items()
+        if name != "none"
+    }
+
+
+def summary_table(results: Mapping[str, Any]) -> list[str]:
+    """One row per size and code: RSS (and peak) without features, with all four, and the difference."""
+    rows = []
+    for key, size in results.items():
+        if not key.startswith("nodes_"):
+            continue
+        for label, run in size["runs"].items():
+            servers, extra = run["servers"], run["over_none"].get("all four")
+            if extra is None:
+                continue
+            none, four = servers["none"], servers["all four"]
+            rows.append(
+                f"| {size['nodes']:,} | {size.get('nfd_labels_per_node', 0)} | {label} "
+                f"| {none['rss_mib']:.1f} / {none['peak_rss_mib']:.1f} "
+                f"| {four['rss_mib']:.1f} / {four['peak_rss_mib']:.1f} "
+                f"| {extra['rss_mib']:+.1f} / {extra['peak_rss_mib']:+.1f} | {run['load_average_in_window']} |"
+            )
+    if not rows:
+        return []
+    return [
+        "\n### RSS without features and with all four (MiB, RSS / peak)\n",
+        "| nodes | NFD labels per node | code | none | all four | all four - none | load average |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def targets(results: Mapping[str, Any], label: str) -> list[str]:
     """Issue 26's targets checked against one code's run, one line each (for the sizes that ran)."""
     lines = []
@@ -460,6 +492,9 @@ def markdown(results: Mapping[str, Any]) -> str:
                     f"| {name} | {s['rss_mib']:.1f} | {s['peak_rss_mib']:.1f} | {s['threads']} | "
                     f"{s['idle_millicores']:.1f} | {s['startup_s']:.2f} | {learned} | {after} |"
                 )
+            if "heap" in run:
+                out += heap.markdown(run["heap"], "all four")
+    out += summary_table(results)
     for label in labels:
         checks = targets(results, label)
         if checks:
@@ -474,6 +509,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=60.0, help="seconds of idle measured (CPU)")
     parser.add_argument("--settle", type=float, default=10.0, help="seconds between the last start and the window")
     parser.add_argument("--sets", nargs="+", choices=list(FEATURE_SETS), default=list(FEATURE_SETS))
+    parser.add_argument(
+        "--labels",
+        type=int,
+        default=0,
+        help="also give every Node this many node-feature-discovery labels (learned: the cost per label)",
+    )
+    parser.add_argument(
+        "--tracemalloc",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="trace every server's Python heap (FRAMES frames per allocation) and report, after the window, "
+        "what each feature set holds more than none, by package (tests/bench/heap.py); the RSS of a traced "
+        "run is not the plain run's",
+    )
     parser.add_argument(
         "--code",
         action="append",
@@ -519,7 +569,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     }
     for nodes in args.nodes:
-        results[f"nodes_{nodes}"] = run_size(nodes, args.pools, args.window, args.settle, args.out, codes, args.sets)
+        results[f"nodes_{nodes}"] = run_size(nodes, args, codes)
         (args.out / "bench-kube-results.json").write_text(json.dumps(results, indent=2))
     return results
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ BASELINE = "upstream"
 HOT_RPCS = ("NodeGroupForNode", "NodeGroupGetOptions")
 # The request that starts a full listing of the cluster: the first page of its pools.
 LISTING_START_ROUTE = "list_pools"
+# Fewer listings than this in a window and its cloud requests per minute move by a third with where it falls.
+MIN_LISTINGS = 3
 
 
 class InvalidRun(AssertionError):
@@ -196,12 +198,16 @@ def compare(servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     def steady(s: Mapping[str, Any]) -> float:
         return float(s["freshness"]["requests_per_minute_steady"])
 
+    def per_listing(s: Mapping[str, Any]) -> float:
+        return float(s["freshness"]["requests_per_listing"])
+
     return {
         name: {
             "loop_ratio": ratio(s["loop_median_ms"], base["loop_median_ms"]),
             "loop_p95_ratio": ratio(s["loop_p95_ms"], base["loop_p95_ms"]),
             "cloud_requests_ratio": ratio(s["cloud_requests"], base["cloud_requests"]),
             "cloud_requests_steady_ratio": ratio(steady(s), steady(base)),
+            "cloud_requests_per_listing_ratio": ratio(per_listing(s), per_listing(base)),
             "peak_rss_ratio": ratio(s["peak_rss_mib"], base["peak_rss_mib"]),
             "cpu_per_loop_ratio": ratio(s["cpu_per_loop_s"], base["cpu_per_loop_s"]),
         }
@@ -217,6 +223,16 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _servers(
+    results: Mapping[str, Mapping[str, Any]],
+) -> Iterator[tuple[Mapping[str, Any], str, Mapping[str, Any], Mapping[str, float] | None]]:
+    """Every server of every size of a run: (size, name, its summary, its ratios to the upstream or None)."""
+    for key, size in results.items():
+        if key.startswith("nodes_"):
+            for name, summary in size["servers"].items():
+                yield size, name, summary, size.get("ratios", {}).get(name)
+
+
 def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     """A Markdown table, one row per (size, server)."""
     header = (
@@ -225,27 +241,22 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
         "| max answer age s | peak RSS MiB | start → serving s |"
     )
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    for key, size in results.items():
-        if not key.startswith("nodes_"):
-            continue
-        ratios = size.get("ratios", {})
-        for name, s in size["servers"].items():
-            ratio = ratios.get(name, {})
-            ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
-            start = fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
-            rows.append(
-                f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['loop_median_ms'])} "
-                f"| {fmt(s['loop_p95_ms'])} "
-                f"| {fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
-                f"| {fmt(ngfn['p50_us'], 0)} / {fmt(ngfn['p99_us'], 0)} "
-                f"| {fmt(opts['p50_us'], 0)} / {fmt(opts['p99_us'], 0)} "
-                f"| {fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
-                f"| {fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
-                f"| {fmt(s['cloud_requests_per_minute'], 1)} / "
-                f"{fmt(s['freshness']['requests_per_minute_steady'], 1)} "
-                f"| {fmt(s['freshness']['max_answer_age_s'], 1)} "
-                f"| {fmt(s['peak_rss_mib'])} | {start} |"
-            )
+    for size, name, s, ratio in _servers(results):
+        ngfn, opts = s["rpc"]["NodeGroupForNode"], s["rpc"]["NodeGroupGetOptions"]
+        start = fmt(s["startup_serving_s"], 2) + (" (a)" if name == BASELINE else "")
+        rows.append(
+            f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['loop_median_ms'])} "
+            f"| {fmt(s['loop_p95_ms'])} "
+            f"| {fmt(ratio['loop_ratio'], 2) if ratio else 'baseline'} "
+            f"| {fmt(ngfn['p50_us'], 0)} / {fmt(ngfn['p99_us'], 0)} "
+            f"| {fmt(opts['p50_us'], 0)} / {fmt(opts['p99_us'], 0)} "
+            f"| {fmt(s.get('cpu_per_loop_s', math.nan), 3)} "
+            f"| {fmt(ratio['cpu_per_loop_ratio'], 2) if ratio else 'baseline'} "
+            f"| {fmt(s['cloud_requests_per_minute'], 1)} / "
+            f"{fmt(s['freshness']['requests_per_minute_steady'], 1)} "
+            f"| {fmt(s['freshness']['max_answer_age_s'], 1)} "
+            f"| {fmt(s['peak_rss_mib'])} | {start} |"
+        )
     rows.append("")
     rows.append(
         "(a) no grpc.health.v1 service in the upstream example: time to the first NodeGroups answering every group."
@@ -262,6 +273,47 @@ def table(results: Mapping[str, Mapping[str, Any]]) -> str:
     rows.append(
         "max answer age: the oldest cloud state a server could answer from in the window (end of a listing "
         "minus the start of the one before it)."
+    )
+    return "\n".join(rows)
+
+
+def cloud_table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Cloud requests per minute of each server against the upstream's, and what makes them: requests per
+    full listing (what one listing of the cluster costs) and listings (how often the server re-read it)."""
+    header = (
+        "| nodes | groups | server | cloud req/min (window / steady) | ÷ upstream (window / steady) "
+        "| requests per listing | ÷ upstream | listings in the window | mean interval between listings s |"
+    )
+    rows = [header, "|" + "---|" * (header.count("|") - 1)]
+    for size, name, s, ratio in _servers(results):
+        fresh = s["freshness"]
+        against = (
+            f"{fmt(ratio['cloud_requests_ratio'], 3)} / {fmt(ratio['cloud_requests_steady_ratio'], 3)} "
+            f"| {fmt(fresh['requests_per_listing'], 1)} | {fmt(ratio['cloud_requests_per_listing_ratio'], 3)}"
+            if ratio
+            else f"baseline | {fmt(fresh['requests_per_listing'], 1)} | baseline"
+        )
+        rows.append(
+            f"| {size['nodes']:,} | {size['groups']:,} | {name} | {fmt(s['cloud_requests_per_minute'], 1)} / "
+            f"{fmt(fresh['requests_per_minute_steady'], 1)} | {against} | {fmt(fresh['listings'], 0)} "
+            f"| {fmt(fresh['listing_interval_mean_s'], 1)} |"
+        )
+    rows.append("")
+    few = [
+        f"{size['nodes']:,}"
+        for key, size in results.items()
+        if key.startswith("nodes_") and any(s["freshness"]["listings"] < MIN_LISTINGS for s in size["servers"].values())
+    ]
+    if few:
+        rows.append(
+            f"At {', '.join(few)} nodes a window held fewer than {MIN_LISTINGS} listings of a server: its cloud "
+            "figures there say little; --loops sets a window long enough to compare them.\n"
+        )
+    rows.append(
+        "Both servers list by the same rule (at the first Refresh once their last listing is older than the "
+        "cloud's max-age), so what a listing costs decides; in one run a listing more in the window, or "
+        "intervals one loop longer or shorter among the few the steady rate is taken from, move a ratio by "
+        'several per cent (docs/evidence/performance.md, "Cloud requests and freshness").'
     )
     return "\n".join(rows)
 

@@ -338,6 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured = {k: v for k, v in results.items() if "servers" in v}
     print()
     print(report.table(measured))
+    if any(size.get("baseline") for size in measured.values()):
+        print()
+        print("Cloud requests, ours against the upstream example:")
+        print()
+        print(report.cloud_table(measured))
     curves = report.curves(measured)
     if curves:
         print()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
+from pathlib import Path
 
 import pytest
 
 from simulators.common.request_log import RecordedRequest
-from tests.bench import report, run
+from tests.bench import heap, report, run
 from tests.bench.cluster import UNMANAGED_POOL, bench_scenario
 
 OURS_AGENT = "ca-externalgrpc-server/0.2.0 cluster-id/c"
@@ -104,10 +106,10 @@ def test_a_run_with_errors_or_unknown_nodes_is_invalid() -> None:
 def test_ratios_are_against_the_upstream_example() -> None:
     ours = {"loop_median_ms": 30.0, "loop_p95_ms": 40.0, "cloud_requests": 5, "peak_rss_mib": 60.0}
     ours |= {"cpu_per_loop_s": 0.1}
-    ours["freshness"] = {"requests_per_minute_steady": 90.0}
+    ours["freshness"] = {"requests_per_minute_steady": 90.0, "requests_per_listing": 52.0}
     upstream = {"loop_median_ms": 20.0, "loop_p95_ms": 20.0, "cloud_requests": 10, "peak_rss_mib": 30.0}
     upstream |= {"cpu_per_loop_s": 0.4}
-    upstream["freshness"] = {"requests_per_minute_steady": 100.0}
+    upstream["freshness"] = {"requests_per_minute_steady": 100.0, "requests_per_listing": 53.0}
     assert report.compare({"ours": ours}) == {}
     ratios = report.compare({"ours": ours, "floor-aio": ours, "upstream": upstream})
     assert set(ratios) == {"ours", "floor-aio"}
@@ -115,6 +117,7 @@ def test_ratios_are_against_the_upstream_example() -> None:
     assert ratios["ours"]["loop_p95_ratio"] == pytest.approx(2.0)
     assert ratios["ours"]["cloud_requests_ratio"] == pytest.approx(0.5)
     assert ratios["ours"]["cloud_requests_steady_ratio"] == pytest.approx(0.9)
+    assert ratios["ours"]["cloud_requests_per_listing_ratio"] == pytest.approx(52 / 53)
     assert ratios["ours"]["peak_rss_ratio"] == pytest.approx(2.0)
     assert ratios["ours"]["cpu_per_loop_ratio"] == pytest.approx(0.25)
 
@@ -161,3 +164,24 @@ def test_another_checkout_is_named_and_must_not_shadow_a_server(tmp_path) -> Non
     for bad in ("main", f"ours={tmp_path}", f"upstream={tmp_path}", f"={tmp_path}"):
         with pytest.raises(SystemExit):
             run.parse_args(["--ours-from", bad])
+
+
+def test_a_heap_is_summed_by_package_and_compared_with_the_servers_without_features(tmp_path: Path) -> None:
+    """heap.py on two real snapshots of this process: the second holds a list built in this file more."""
+    tracemalloc.start(5)
+    try:
+        base = tmp_path / "none.snapshot"
+        tracemalloc.take_snapshot().dump(str(base))
+        held = [str(i) * 20 for i in range(20_000)]
+        more = tmp_path / "all four.snapshot"
+        tracemalloc.take_snapshot().dump(str(more))
+    finally:
+        tracemalloc.stop()
+    summary = heap.summary({"none": base, "all four": more})
+    assert summary["traced_mib"]["all four"] > summary["traced_mib"]["none"]
+    package, kib, blocks = summary["over_none"]["all four"][0]
+    assert package == "tests/bench/test_bench_logic.py" and kib > len(held) * 20 / 1024 and blocks >= len(held)
+    assert "| tests/bench/test_bench_logic.py |" in "\n".join(heap.markdown(summary, "all four"))
+    assert heap.where(heap.__file__) == "tests/bench/heap.py"
+    assert heap.where("/x/lib/python3.11/site-packages/lark/parsers/lalr.py") == "lark"
+    assert heap.where("/x/lib/python3.11/site-packages/six.py") == "six"

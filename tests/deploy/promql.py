@@ -10,7 +10,8 @@ Rust parser the GreptimeDB project maintains). Then, for a /metrics text of the 
 * every ``{{ $labels.x }}`` of an alert and ``{{x}}`` of a dashboard legend is a label the result keeps.
 
 Labels Prometheus adds at scrape time (``namespace``, ``pod``, ``instance``, ``job``...) are allowed
-everywhere without being in the scrape.
+everywhere without being in the scrape, and so are the series it writes for every target (``up``),
+which carry those labels only.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
-#: labels a Prometheus scrape adds to every series (Kubernetes service discovery, relabelling)
-TARGET_LABELS = frozenset({"namespace", "pod", "instance", "job", "container", "service", "endpoint"})
+#: labels a Prometheus scrape adds to every series (Kubernetes service discovery, relabelling), and the
+#: ``cluster`` label a multi-cluster setup adds (external labels, remote write)
+TARGET_LABELS = frozenset({"namespace", "pod", "instance", "job", "container", "service", "endpoint", "cluster"})
+#: series Prometheus itself writes for every target it scrapes (they carry the target labels only)
+SCRAPE_SERIES = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped"})
 #: Grafana variables, replaced by what Grafana would send for "All" and a typical range
-GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$backend": ".*"}
+GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$backend": ".*", "$cluster": ".*", "$namespace": ".*", "$pod": ".*"}
 
 
 @dataclass(frozen=True)
@@ -72,13 +76,16 @@ def alert_queries(path: Path = MONITORING / "prometheusrule.yaml") -> list[Query
     return queries
 
 
-def dashboard_queries(path: Path = MONITORING / "grafana-dashboard.json") -> list[Query]:
+def dashboard_queries(
+    path: Path = MONITORING / "grafana-dashboard.json", variables: dict[str, str] = GRAFANA_VARIABLES
+) -> list[Query]:
+    """Every panel's expression, with ``variables`` replaced as Grafana replaces them."""
     dashboard = json.loads(path.read_text())
     queries = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             expr = target["expr"]
-            for variable, value in GRAFANA_VARIABLES.items():
+            for variable, value in variables.items():
                 expr = expr.replace(variable, value)
             used = tuple(re.findall(r"\{\{\s*(\w+)\s*\}\}", target.get("legendFormat", "")))
             queries.append(Query(f"panel {panel['title']!r} {target['refId']}", expr, used))
@@ -136,6 +143,9 @@ def problems(query: Query, scrape: Scrape) -> list[str]:
         if not isinstance(node, promql_parser.VectorSelector):
             continue
         name = node.name
+        if name in SCRAPE_SERIES:
+            found.extend(m for m in _target_matcher_problems(query.where, name, node.matchers.matchers))
+            continue
         if name not in scrape.labels:
             found.append(f"{query.where}: metric {name} is not in the scrape")
             continue
@@ -152,6 +162,12 @@ def problems(query: Query, scrape: Scrape) -> list[str]:
         if label not in read_labels or (kept is not None and label not in kept):
             found.append(f"{query.where}: its text uses label {label!r}, which the result does not carry")
     return found
+
+
+def _target_matcher_problems(where: str, metric: str, matchers: Any) -> Iterable[str]:
+    for matcher in matchers:
+        if matcher.name not in TARGET_LABELS:
+            yield f"{where}: {metric} has only the target labels, not {matcher.name!r}"
 
 
 def _matcher_problems(where: str, metric: str, matcher: Any, present: dict[str, set[str]]) -> Iterable[str]:

@@ -236,10 +236,10 @@ def test_rust_image_is_the_python_images_debian_release(instructions: list[Instr
     assert python.endswith(f"-{release}"), f"{rust} and {python} are not the same Debian release"
 
 
-def test_rust_image_is_the_toolchain_the_readme_names(instructions: list[Instruction]) -> None:
+def test_rust_image_is_the_toolchain_contributing_names(instructions: list[Instruction]) -> None:
     rust = base_image(instructions, stage_named(instructions, "native-rust"))
-    named = re.search(r"built and tested with (\d+\.\d+)", (REPO / "README.md").read_text())
-    assert named, "README.md no longer says which Rust the native engine is built and tested with"
+    named = re.search(r"built and tested with (\d+\.\d+)", (REPO / "CONTRIBUTING.md").read_text())
+    assert named, "CONTRIBUTING.md no longer says which Rust the native engine is built and tested with"
     assert rust.startswith(f"rust:{named.group(1)}"), (rust, named.group(0))
 
 

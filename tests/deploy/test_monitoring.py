@@ -7,7 +7,9 @@ tests/integration/test_operations.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -16,7 +18,7 @@ import pytest
 
 from tests.deploy import promql
 from tests.deploy.chart import CHARTS, ChartSource, helm_template
-from tests.deploy.rendering import DEPLOY, objects, one, render
+from tests.deploy.rendering import DEPLOY, find_kustomize, objects, one, render
 from tests.deploy.test_manifests import KUBERNETES_VERSIONS
 
 MONITORING = "../monitoring"  # relative to deploy/kubernetes, like the other trees
@@ -45,7 +47,7 @@ def test_prometheus_rules_are_well_formed_and_parse() -> None:
     assert rule_doc["apiVersion"] == OPERATOR_API
     rules = [r for g in rule_doc["spec"]["groups"] for r in g["rules"]]
     names = [r["alert"] for r in rules]
-    assert len(names) == len(set(names)) >= 4
+    assert len(names) == len(set(names)) >= 8
     for rule in rules:
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
         assert rule["labels"]["severity"] in ("warning", "critical")
@@ -56,9 +58,11 @@ def test_prometheus_rules_are_well_formed_and_parse() -> None:
     for needed in (
         "ca_externalgrpc_snapshot_stale",
         "ca_externalgrpc_backend_sync_failure",
-        'circuit_breaker_state{state="open"}',
+        'circuit_breaker_state{state!="closed"}',  # open or half-open: a hanging cloud alternates them
         "grpc_server_handled_total",
         'status="429"',
+        "absent(ca_externalgrpc_build_info)",
+        'up{job="ca-externalgrpc"}',
     ):
         assert needed in metrics, f"no alert reads {needed}"
 
@@ -149,3 +153,51 @@ def test_promql_checker_accepts_what_the_scrape_has_and_target_labels() -> None:
         'job=~".+"}[10m])) > 0'
     )
     assert promql.problems(promql.Query("q", expr, ("backend", "api")), SCRAPE) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# Selection by the Prometheus Operator: kube-prometheus-stack's Prometheus, with its default values
+# (serviceMonitorSelectorNilUsesHelmValues and ruleSelectorNilUsesHelmValues true), selects
+# ServiceMonitors and PrometheusRules labelled `release: <its Helm release name>`, in every namespace
+# (its templates/prometheus/prometheus.yaml). Without the label both are silently ignored.
+
+KUBE_PROMETHEUS_STACK = "kube-prometheus-stack"
+
+
+def _selected_by_default(obj: dict[str, Any], release: str = KUBE_PROMETHEUS_STACK) -> bool:
+    return obj["metadata"].get("labels", {}).get("release") == release
+
+
+def test_kube_prometheus_stacks_default_selectors_pick_up_the_service_monitor_and_the_rules() -> None:
+    docs = render(MONITORING)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        (obj,) = list(objects(docs, kind))
+        assert _selected_by_default(obj), f"the {kind} carries {obj['metadata'].get('labels')}"
+
+
+def test_the_release_label_is_set_in_an_overlay_for_another_release_name(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(DEPLOY / 'monitoring', tmp_path)}\n"
+        "labels:\n  - pairs:\n      release: prometheus\n"
+    )
+    docs = find_kustomize().render(tmp_path)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        (obj,) = list(objects(docs, kind))
+        assert _selected_by_default(obj, "prometheus")
+        assert obj["spec"] == next(objects(render(MONITORING), kind))["spec"]
+
+
+@pytest.mark.parametrize("values", ["values-sidecar.yaml", "values-mtls-service.yaml"])
+@pytest.mark.parametrize("source", CHARTS, ids=lambda s: s.label)
+def test_the_charts_service_monitor_for_the_ca_carries_the_release_label(source: ChartSource, values: str) -> None:
+    docs = helm_template(source, (DEPLOY / "helm" / values,), "1.34.0", ("serviceMonitor.enabled=true",))
+    (monitor,) = list(objects(docs, "ServiceMonitor"))
+    assert _selected_by_default(monitor), monitor["metadata"]
+    other = helm_template(
+        source,
+        (DEPLOY / "helm" / values,),
+        "1.34.0",
+        ("serviceMonitor.enabled=true", "serviceMonitor.selector.release=prom"),
+    )
+    assert _selected_by_default(next(objects(other, "ServiceMonitor")), "prom")

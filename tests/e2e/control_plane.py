@@ -61,6 +61,11 @@ class NodeAccess:
 
     advertise_address: str
     serving_hosts: tuple[str, ...]
+    #: the Unix socket of an HTTP CONNECT proxy into the node (tests/e2e/node_host.py): the API server's
+    #: egress to the cluster (kubelets, pods), for ``kubectl logs``, ``exec`` and the proxy subresources,
+    #: as konnectivity carries it where a control plane cannot route to its nodes. It authenticates to
+    #: the kubelet with the admin's client certificate.
+    egress_proxy: str = ""
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,7 @@ class ControlPlane:
                     f"--cert-dir={self.workdir / 'apiserver-certs'}",
                     "--v=1",
                     *self._audit_flags(),
+                    *self._egress_flags(),
                 ],
                 self.workdir / "logs" / f"kube-apiserver-{attempt}.log",
             ).start()
@@ -257,6 +263,35 @@ class ControlPlane:
         # The log backend writes each event before the answer is sent ("blocking"), so a test that reads
         # the file after a request returned finds it there.
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}", "--audit-log-mode=blocking"]
+
+    def _egress_flags(self) -> list[str]:
+        if self.nodes is None or not self.nodes.egress_proxy:
+            return []
+        config = self.workdir / "egress-selector.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "apiserver.k8s.io/v1beta1",
+                    "kind": "EgressSelectorConfiguration",
+                    "egressSelections": [
+                        {
+                            "name": "cluster",
+                            "connection": {
+                                "proxyProtocol": "HTTPConnect",
+                                "transport": {"uds": {"udsName": self.nodes.egress_proxy}},
+                            },
+                        }
+                    ],
+                }
+            )
+        )
+        return [
+            f"--egress-selector-config-file={config}",
+            # The node's name resolves nowhere; its address is what the proxy connects to.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            f"--kubelet-client-certificate={self.pki.admin_cert}",
+            f"--kubelet-client-key={self.pki.admin_key}",
+        ]
 
     def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
         """The audit events so far (``audit=True``), of ``user`` only when given."""

@@ -178,11 +178,14 @@ class NodeNetwork:
 
 @dataclass
 class Relay:
-    """Something the test serves on loopback, reachable from the node and its pods at ``node address:port``."""
+    """Something the test serves on loopback, reachable from the node and its pods at ``node address:port``
+    (or, with ``listen_host``, at that address inside the node: ``127.0.0.1`` for the node's own
+    programs alone, such as containerd pulling from a registry the test serves)."""
 
     name: str
     host_port: int
     port: int = 0  # the port inside the node (the same number unless it was taken)
+    listen_host: str = ""  # default: the node's address
 
 
 class Node:
@@ -200,6 +203,7 @@ class Node:
         pause_image: str,
         network: NodeNetwork | None = None,
         relays: Sequence[Relay] = (),
+        kubelet_client_ca: Path | None = None,
         say: Callable[[str], None] = print,
     ) -> None:
         self.programs = programs
@@ -212,7 +216,8 @@ class Node:
         self.kubeconfig_for = kubeconfig_for
         self.pause_image = pause_image
         self.net = network or NodeNetwork()
-        self.relays = [Relay(r.name, r.host_port, r.port) for r in relays]
+        self.relays = [Relay(r.name, r.host_port, r.port, r.listen_host) for r in relays]
+        self.kubelet_client_ca = kubelet_client_ca
         self.say = say
         self.namespaces = NodeNamespaces(self.logs / "node-namespaces.log")
         self.processes: dict[str, ManagedProcess] = {}
@@ -230,6 +235,15 @@ class Node:
     @property
     def core(self) -> k8s.CoreV1Api:
         return k8s.CoreV1Api(self.api)
+
+    def add_relay(self, relay: Relay) -> Relay:
+        """Open one more relay into the running node (``Relay``); it closes with the node."""
+        opened = self.namespaces.relay(
+            relay.listen_host or self.net.ipv4, relay.port or relay.host_port, relay.host_port, relay.name
+        )
+        relay.port = opened.port
+        self.relays.append(relay)
+        return relay
 
     def relay_port(self, name: str) -> int:
         return next(r.port for r in self.relays if r.name == name)
@@ -265,9 +279,9 @@ class Node:
         self.host.save()
         self._network()
         self._mounts()
-        for relay in [Relay("kube-apiserver", self.api_port), *self.relays]:
-            opened = self.namespaces.relay(self.net.ipv4, relay.port or relay.host_port, relay.host_port, relay.name)
-            relay.port = opened.port
+        relays, self.relays = [Relay("kube-apiserver", self.api_port), *self.relays], []
+        for relay in relays:
+            self.add_relay(relay)
         self.kubeconfig = self.kubeconfig_for(f"https://{self.net.ipv4}:{self.api_port}", self.state / "kubeconfig")
         make_cgroups()
         self._write_configs()
@@ -370,7 +384,13 @@ class Node:
             "address": net.ipv4,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+            # No anonymous access; the API server (``kubectl logs`` and ``exec``) shows a client certificate
+            # of the cluster CA when the node has one (``kubelet_client_ca``).
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                **({"x509": {"clientCAFile": str(self.kubelet_client_ca)}} if self.kubelet_client_ca else {}),
+            },
             "authorization": {"mode": "AlwaysAllow"},
             "clusterDNS": [net.node_ips[0]],
             "clusterDomain": "cluster.local",

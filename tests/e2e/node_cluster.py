@@ -14,14 +14,32 @@ What runs where:
   ``SIMULATED_TAINT`` (a pool setting of the simulators): only pods that tolerate it, the scenarios'
   workloads, are placed there, so everything deployed lands on the real node, where it really runs.
 
-**The clouds from inside a pod.** Our server in a pod calls the clouds' real addresses
-(``https://api.scaleway.com``, ``https://manage.bizflycloud.vn``), as configured in the shipped layouts.
-The credentials Secret, which an operator writes and the layouts never ship, carries besides the
-cloud's keys ``HTTPS_PROXY``, naming the interception proxy (tests/support/https_intercept.py) relayed
-into the node, and ``SSL_CERT_FILE``, naming the ``ca.crt`` of the pod's ServiceAccount token volume:
-kube-controller-manager publishes the cluster CA together with the proxy's throwaway CA as every
-namespace's ``kube-root-ca.crt``. The proxy answers for those two hosts alone and relays to the
-simulators on loopback; nothing leaves the machine.
+**The clouds from inside a pod.** The credentials Secret, which an operator writes and the layouts never
+ship, carries besides the cloud's keys the way to the simulator that plays the cloud (``cloud_way``):
+
+- Scaleway: the API's URL, the documented ``SCW_API_URL``, naming a port of the interception proxy
+  (tests/support/https_intercept.py) relayed into the node that speaks TLS as ``api.scaleway.com`` with a
+  certificate that also names the node's address. The CA's in-tree Scaleway client takes no proxy, so
+  this is the one way that serves it and our server alike;
+- Bizfly: ``HTTPS_PROXY``, naming the interception proxy relayed into the node, which answers for
+  ``manage.bizflycloud.vn``: Bizfly's service catalog names that host whatever URL the client logged in
+  at, so the API's URL alone would not do;
+- both: ``SSL_CERT_FILE``, naming the ``ca.crt`` of the pod's ServiceAccount token volume:
+  kube-controller-manager publishes the cluster CA together with the proxy's throwaway CA as every
+  namespace's ``kube-root-ca.crt``.
+
+The proxy answers for those two hosts alone and relays to the simulators on loopback; nothing leaves
+the machine.
+
+**The API server to the node.** ``kubectl logs`` and ``exec`` go from the API server to the kubelet, and
+the node's address lives in its own network namespace: the API server reaches it through its egress
+selector, an HTTP CONNECT proxy on a Unix socket of this machine whose connections start inside the
+node (``NodeNamespaces.connect_proxy``), as konnectivity does for a control plane that cannot route to
+its nodes.
+
+**The operator's shell.** ``operator_env`` is the environment a tutorial's commands run in
+(tests/e2e/test_node_tutorials.py): ``kubectl``, ``helm`` and ``kustomize`` on the PATH under those names,
+the admin's kubeconfig, a home folder of the run's own.
 
 **Controllers.** The node lifecycle controller is off: it would mark the agent's Nodes (which renew no
 Lease) unreachable and evict their pods. The agent lifts the not-ready taint of its Nodes, the node
@@ -33,7 +51,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +95,7 @@ NAMESPACE = "kube-system"
 POD_CA_BUNDLE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 KUBECTL = "kubectl-1.36.2"
 HELM = "helm"
+KUSTOMIZE = "kustomize"
 KUBE_CONTROLLER_MANAGER = "kube-controller-manager-1.36.2"
 
 
@@ -83,6 +105,7 @@ class NodeClusterPrograms:
     kube_controller_manager: Path
     kubectl: Path
     helm: Path
+    kustomize: Path
 
 
 def find_node_cluster_programs() -> NodeClusterPrograms:
@@ -92,6 +115,7 @@ def find_node_cluster_programs() -> NodeClusterPrograms:
         kube_controller_manager=binary_path(KUBE_CONTROLLER_MANAGER),
         kubectl=binary_path(KUBECTL),
         helm=binary_path(HELM),
+        kustomize=binary_path(KUSTOMIZE),
     )
 
 
@@ -122,16 +146,24 @@ class NodeEnvironment(E2EEnvironment):
         layout: Layout,
         network: NodeNetwork | None = None,
         say: Callable[[str], None] = print,
+        untainted: Sequence[str] = (),
     ) -> None:
+        # ``untainted``: pools whose machines take any pod, for workloads that tolerate nothing (the
+        # tutorials'); they must start empty, so that nothing deployed lands on a simulated machine.
+        scaleway, bizfly = layout.scaleway_pools, layout.bizfly_pools
+        assert all(not p["size"] for p in scaleway if p["name"] in untainted), "an untainted pool starts empty"
+        assert all(not p["desired_size"] for p in bizfly if p["name"] in untainted), "an untainted pool starts empty"
         tainted = Layout(
-            scaleway_pools=[simulated_pool(p, "scaleway") for p in layout.scaleway_pools],
-            bizfly_pools=[simulated_pool(p, "bizfly") for p in layout.bizfly_pools],
+            scaleway_pools=[p if p["name"] in untainted else simulated_pool(p, "scaleway") for p in scaleway],
+            bizfly_pools=[p if p["name"] in untainted else simulated_pool(p, "bizfly") for p in bizfly],
         )
         super().__init__(programs, workdir, tainted)
         self.cluster_programs = cluster_programs
         self.network = network or NodeNetwork()
         self.say = say
         self.proxy: InterceptingProxy | None = None
+        self.dialer: Any = None  # the API server's CONNECT proxy into the node
+        self.dialer_dir: Path | None = None
         self.kcm: ManagedProcess | None = None
         self.node: Node | None = None
         self.timings: dict[str, float] = {}
@@ -153,9 +185,32 @@ class NodeEnvironment(E2EEnvironment):
                 BIZFLY_PRODUCTION_HOST: ("127.0.0.1", self.bizfly.port),
             },
             self.workdir / "intercept",
+            names=(self.network.ipv4,),
         ).start()
         net = self.network
+        self.node = Node(
+            self.cluster_programs.node,
+            self.workdir,
+            api=None,  # type: ignore[arg-type]  # set below, once the API server runs
+            api_port=0,
+            kubeconfig_for=self._node_kubeconfig,
+            pause_image=PAUSE.name,
+            network=net,
+            relays=[
+                Relay("cloud-proxy", int(self.proxy.url.rsplit(":", 1)[1])),
+                Relay("scaleway-api", self.proxy.direct(SCALEWAY_PRODUCTION_HOST)),
+            ],
+            say=self.say,
+        )
+        # A Unix socket: the API server speaks HTTP CONNECT in plaintext only over one (TCP wants TLS).
+        self.dialer_dir = Path(tempfile.mkdtemp(prefix="node-dialer-"))
+        dialer_path = self.dialer_dir / "connect.sock"
+        dialer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dialer.bind(str(dialer_path))
+        dialer.listen(64)
+        self.dialer = self.node.namespaces.connect_proxy(dialer)
         access = NodeAccess(
+            egress_proxy=str(dialer_path),
             advertise_address=net.ipv4,
             serving_hosts=(
                 net.ipv4,
@@ -170,17 +225,10 @@ class NodeEnvironment(E2EEnvironment):
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         self._start_controller_manager()
         plane = self.control_plane
-        self.node = Node(
-            self.cluster_programs.node,
-            self.workdir,
-            api=self.api,
-            api_port=int(plane.server_url.rsplit(":", 1)[1]),
-            kubeconfig_for=lambda server, path: write_kubeconfig(path, server, plane.pki),
-            pause_image=PAUSE.name,
-            network=net,
-            relays=[Relay("cloud-proxy", int(self.proxy.url.rsplit(":", 1)[1]))],
-            say=self.say,
-        ).start()
+        self.node.api = self.api
+        self.node.api_port = int(plane.server_url.rsplit(":", 1)[1])
+        self.node.kubelet_client_ca = plane.pki.ca_cert
+        self.node.start()
         self.timings["node ready"] = self.node.ready_at - self.node.started_at
         self.agent = NodeAgent(
             self.api,
@@ -197,6 +245,10 @@ class NodeEnvironment(E2EEnvironment):
             f"cluster with a real node up in {self.timings['start']:.1f} s (node Ready "
             f"{self.timings['node ready']:.1f} s, images into the node {self.timings['images']:.1f} s)"
         )
+
+    def _node_kubeconfig(self, server: str, path: Path) -> Path:
+        assert self.control_plane is not None
+        return write_kubeconfig(path, server, self.control_plane.pki)
 
     def _start_controller_manager(self) -> None:
         plane = self.control_plane
@@ -231,12 +283,23 @@ class NodeEnvironment(E2EEnvironment):
             return
         self.stopped = True
         errors: list[Exception] = []
-        for part in (self.agent, self.node, self.kcm, self.control_plane, self.proxy, self.scaleway, self.bizfly):
+        for part in (
+            self.agent,
+            self.node,
+            self.dialer,
+            self.kcm,
+            self.control_plane,
+            self.proxy,
+            self.scaleway,
+            self.bizfly,
+        ):
             if part is not None:
                 try:
                     part.stop()
                 except Exception as exc:
                     errors.append(exc)
+        if self.dialer_dir is not None:
+            shutil.rmtree(self.dialer_dir, ignore_errors=True)
         if errors:
             raise errors[0]
 
@@ -276,23 +339,46 @@ class NodeEnvironment(E2EEnvironment):
     def helm(self, *args: str, timeout: float = 300) -> str:
         return self._run([str(self.cluster_programs.helm), *args], None, timeout)
 
-    def _run(self, argv: Sequence[str], stdin: str | None, timeout: float) -> str:
+    def operator_env(self) -> dict[str, str]:
+        """Where an operator's commands run: ``kubectl``, ``helm`` and ``kustomize`` on the PATH by those
+        names, the admin's kubeconfig, a home of the run's own (helm's repositories, podman's logins)."""
         assert self.control_plane is not None
-        env = {**os.environ, "KUBECONFIG": str(self.control_plane.kubeconfig), "HOME": str(self.workdir / "home")}
+        tools = self.workdir / "operator-bin"
+        tools.mkdir(parents=True, exist_ok=True)
+        programs = self.cluster_programs
+        named = {"kubectl": programs.kubectl, "helm": programs.helm, "kustomize": programs.kustomize}
+        for name, program in named.items():
+            if not (tools / name).exists():
+                (tools / name).symlink_to(program)
+        return {
+            **os.environ,
+            "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(self.control_plane.kubeconfig),
+            "HOME": str(self.workdir / "home"),
+        }
+
+    def _run(self, argv: Sequence[str], stdin: str | None, timeout: float) -> str:
+        env = self.operator_env()
         done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, timeout=timeout, check=False)
         if done.returncode != 0:
             raise AssertionError(f"{' '.join(argv[:4])} ... exited with {done.returncode}: {done.stderr.strip()}")
         return done.stdout
 
-    def cloud_credentials(self, cloud: str = "scaleway") -> dict[str, str]:
-        """What an operator puts in the Secret ca-externalgrpc-credentials for the simulated ``cloud``,
-        plus the way from a pod to it (module docstring)."""
-        node = self.real_node
-        way = {
-            "HTTPS_PROXY": f"http://{node.address('cloud-proxy')}",
+    def cloud_way(self, cloud: str) -> dict[str, str]:
+        """The variables that take a pod's calls to ``cloud`` to its simulator (module docstring): what the
+        test adds to every Secret of cloud credentials an operator writes."""
+        if cloud == "scaleway":
+            return {"SCW_API_URL": f"https://{self.real_node.address('scaleway-api')}", "SSL_CERT_FILE": POD_CA_BUNDLE}
+        return {
+            "HTTPS_PROXY": f"http://{self.real_node.address('cloud-proxy')}",
             "NO_PROXY": f"{self.network.services},.svc,.cluster.local,127.0.0.1,localhost",
             "SSL_CERT_FILE": POD_CA_BUNDLE,
         }
+
+    def cloud_credentials(self, cloud: str = "scaleway") -> dict[str, str]:
+        """What an operator puts in the Secret ca-externalgrpc-credentials for the simulated ``cloud``,
+        plus the way from a pod to it (module docstring)."""
+        way = self.cloud_way(cloud)
         if cloud == "scaleway":
             return {
                 "SCW_SECRET_KEY": self.scw.secret_key,
@@ -389,7 +475,8 @@ def _audit_time(event: Mapping[str, Any]) -> float:
 # ------------------------------------------------------------------------------------------------ fixtures
 @contextlib.contextmanager
 def node_environments(tmp_path: Path) -> Iterator[Callable[..., NodeEnvironment]]:
-    """A factory of started ``NodeEnvironment``s (``start(layout, network=None)``), all stopped at the end.
+    """A factory of started ``NodeEnvironment``s (``start(layout, network=None, untainted=())``), all stopped
+    at the end.
 
     A machine where a real node cannot run skips the test with one line saying why (not root, runc, podman
     or the CNI plugins missing); a missing program or image fails it with the command that builds it."""
@@ -408,8 +495,10 @@ def node_environments(tmp_path: Path) -> Iterator[Callable[..., NodeEnvironment]
         pytest.fail("; ".join(problems), pytrace=False)
     started: list[NodeEnvironment] = []
 
-    def start(layout: Layout, network: NodeNetwork | None = None) -> NodeEnvironment:
-        env = NodeEnvironment(programs, cluster_programs, tmp_path / f"run{len(started)}", layout, network)
+    def start(layout: Layout, network: NodeNetwork | None = None, untainted: Sequence[str] = ()) -> NodeEnvironment:
+        env = NodeEnvironment(
+            programs, cluster_programs, tmp_path / f"run{len(started)}", layout, network, untainted=untainted
+        )
         started.append(env)
         return env.start()  # type: ignore[return-value]
 

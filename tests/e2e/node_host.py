@@ -8,8 +8,11 @@ kubelet, kube-proxy, CoreDNS) is started inside both with ``nsenter``. So:
 - the node's address, its pod bridge, every pod's veth, every iptables chain of the kubelet, the bridge
   plugin and kube-proxy, and every per-namespace sysctl they set live in the node's network namespace.
   It has no interface to the outside at all: its only ways out are the listeners this module opens
-  inside it (``NodeNamespaces.listen``), each relaying to one loopback port of this machine (the API
-  server, the cloud interception proxy). Nothing a pod sends can reach another host;
+  inside it (``NodeNamespaces.relay``), each relaying to one loopback port of this machine (the API
+  server, the cloud interception proxy). Nothing a pod sends can reach another host. The one way in is
+  the API server's (``NodeNamespaces.connect_proxy``), as konnectivity is on a cluster whose control
+  plane cannot route to its nodes: an HTTP CONNECT proxy on a Unix socket of this machine whose
+  connections start inside the node, for ``kubectl logs`` and ``exec``;
 - every mount (image layers, secret and ConfigMap volumes, the kubelet's own binds) is made in the
   private mount namespace, where ``/var/lib`` and ``/var/log`` are the run's folders and ``/run`` a
   small tmpfs: nothing of the node shows in the machine's own mount table or directories.
@@ -212,9 +215,36 @@ class NodeNamespaces:
         to ``127.0.0.1:target_port`` on this machine: how the node and its pods reach what the test serves."""
         family = socket.AF_INET6 if ":" in listen_host else socket.AF_INET
         listener = self.inside(lambda: socket.create_server((listen_host, listen_port), family=family, backlog=64))
-        relay = _Relay(listener, target_port, name)
+        relay = _Relay(listener, name, lambda _: socket.create_connection(("127.0.0.1", target_port), timeout=5))
         self._relays.append(relay)
         return relay.start()
+
+    def connect_proxy(self, listener: socket.socket) -> _Relay:
+        """An HTTP CONNECT proxy on ``listener`` (a socket of this machine) whose connections are opened
+        inside the node's network namespace: the API server's way to the kubelet and the pods (its egress
+        selector, tests/e2e/control_plane.py). It may be made before the namespaces are: a connection that
+        arrives before them is refused."""
+        relay = _Relay(listener, "node-dialer", self._dial_connect)
+        self._relays.append(relay)
+        return relay.start()
+
+    def _dial_connect(self, client: socket.socket) -> socket.socket:
+        client.settimeout(5)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = client.recv(4096)
+            if not chunk or len(head) > 8192:
+                raise OSError("no complete CONNECT request")
+            head += chunk
+        method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+        host, _, port = target.rpartition(":")
+        if method != "CONNECT" or not port.isdigit() or self.holder is None or self.holder.poll() is not None:
+            client.sendall(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")
+            raise OSError(f"cannot connect {target} into the node")
+        upstream = self.inside(lambda: socket.create_connection((host.strip("[]"), int(port)), timeout=5))
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        client.settimeout(None)
+        return upstream
 
     def stop(self) -> None:
         for relay in self._relays:
@@ -227,11 +257,12 @@ class NodeNamespaces:
 
 @dataclass
 class _Relay:
-    """One listening socket inside the node and its accept loop (``NodeNamespaces.relay``)."""
+    """One listening socket and its accept loop (``NodeNamespaces.relay``, ``connect_proxy``): each
+    connection's other end comes from ``upstream``, which raises OSError when there is none."""
 
     listener: socket.socket
-    target_port: int
     name: str
+    upstream: Callable[[socket.socket], socket.socket]
     connections: int = 0
     refused: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -255,18 +286,21 @@ class _Relay:
                 self.refused += 1
                 client.close()
                 continue
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
-            except OSError:
-                self._open.release()
-                self.refused += 1
-                client.close()
-                continue
-            upstream.settimeout(None)
-            self.connections += 1
-            done = threading.Barrier(2, action=self._open.release)
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, target, done), daemon=True).start()
+            threading.Thread(target=self._connect, args=(client,), name=f"relay-{self.name}", daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        try:
+            upstream = self.upstream(client)
+        except OSError:
+            self._open.release()
+            self.refused += 1
+            client.close()
+            return
+        upstream.settimeout(None)
+        self.connections += 1
+        done = threading.Barrier(2, action=self._open.release)
+        for source, target in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(source, target, done), daemon=True).start()
 
     @staticmethod
     def _pump(source: socket.socket, target: socket.socket, done: threading.Barrier) -> None:

@@ -88,10 +88,6 @@ def main() -> None:
     )
     engine = os.environ.get(ENGINE_ENV) or "native"
     print(f"server: {args.server_from or 'this checkout'}, engine {engine}; flood payload {args.payload!r}")
-    print(
-        "| new connections/s | made/s | probes OK | probe p50 / p99 / max ms | failures | peak RSS MiB | peak threads |"
-    )
-    print("|---|---|---|---|---|---|---|")
     with ScalewaySimulator(scenario=demo_scenario(), clock=ManualClock()) as sim:
         workdir = Path(tempfile.mkdtemp(prefix="ca-flood-"))
         server = ServerProcess(
@@ -107,10 +103,12 @@ def main() -> None:
 
 
 def _table(pid: int, port: int, args: argparse.Namespace) -> None:
+    print(f"load average (1, 5, 15 min) before: {_load()}")
     print(
-        "| new connections/s | made/s | probes OK | probe p50 / p99 / max ms | failures | peak RSS MiB | peak threads |"
+        "| new connections/s | made/s | probes OK | probe p50 / p99 / max ms | failures | most failed in a row "
+        "| peak RSS MiB | peak threads |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for rate in (int(r) for r in args.rates.split(",")):
         result, peak = flood_with_usage(pid, port, rate, args.seconds, args.payload)
         failures = ", ".join(f"{n} {why}" for why, n in sorted(result["probe_failures"].items())) or "-"
@@ -118,9 +116,15 @@ def _table(pid: int, port: int, args: argparse.Namespace) -> None:
         print(
             f"| {rate:,} | {made:,.0f} | {result['probe_ok']}/{result['probes']} | "
             f"{result['probe_p50_ms']:.1f} / {result['probe_p99_ms']:.1f} / {result['probe_max_ms']:.1f} | "
-            f"{failures} | {peak.rss_mib:.1f} | {peak.threads} |",
+            f"{failures} | {result['probe_failed_in_a_row']} | {peak.rss_mib:.1f} | {peak.threads} |",
             flush=True,
         )
+    print(f"load average (1, 5, 15 min) after: {_load()}")
+
+
+def _load() -> str:
+    """The machine's load average: the flood shares the cores with whatever else runs."""
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

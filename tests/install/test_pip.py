@@ -154,8 +154,9 @@ def readme_minimal_config() -> dict[str, Any]:
 
 def pointed_at(sim: ScalewaySimulator, pool_id: str) -> dict[str, Any]:
     """The README's minimal config with the simulator's cluster, region and API URL, and the example
-    node-group override on a real pool; the ports are loopback port 0 (the harness reads them back)."""
-    config = readme_minimal_config()
+    node-group override on a real pool; the ports are loopback port 0, never the README's 8086 and 8087,
+    which a developer's `make run` may hold (the harness reads the bound ports back)."""
+    config = {**readme_minimal_config(), "listen": "127.0.0.1:0", "http_listen": "127.0.0.1:0"}
     (backend,) = config["backends"]
     assert backend["scaleway"]["secret_key_env"] == "SCW_SECRET_KEY"
     backend["scaleway"].update(cluster_id=sim.cluster_id, region=sim.region, api_url=sim.url)

@@ -27,16 +27,17 @@ HERE = Path(__file__).parent
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On a pass with $CA_EXTERNALGRPC_TEST_ENGINE set (``make test`` runs tests/integration again on grpcio),
-    leave out the tests parametrised by ``engine``: they start both engines themselves and the first pass ran
-    them already; the pass is for the tests that take the engine from the environment."""
+    leave out the tests that would run there exactly as in the first pass: those marked ``one_engine`` (no
+    server, or one whose engine the test names) and those parametrised by ``engine`` (they start both engines
+    themselves); the pass is for the tests that take the engine from the environment."""
     if not os.environ.get(ENGINE_ENV):
         return
     kept: list[pytest.Item] = []
     repeated: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        named = callspec is not None and "engine" in callspec.params
-        (repeated if named and item.path.is_relative_to(HERE) else kept).append(item)
+        same = (callspec is not None and "engine" in callspec.params) or item.get_closest_marker("one_engine")
+        (repeated if same and item.path.is_relative_to(HERE) else kept).append(item)
     if repeated:
         config.hook.pytest_deselected(items=repeated)
         items[:] = kept

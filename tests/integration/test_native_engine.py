@@ -31,6 +31,9 @@ from server.service import SERVICE_NAME
 from simulators.common import ManualClock
 from simulators.scaleway import ScalewaySimulator
 
+# Every server here runs the native engine, whatever $CA_EXTERNALGRPC_TEST_ENGINE says.
+pytestmark = pytest.mark.one_engine
+
 CLUSTER = "11111111-2222-4333-8444-555555555555"
 GENERAL = "aaaaaaaa-0000-4000-8000-000000000001"
 EMPTY = "aaaaaaaa-0000-4000-8000-000000000002"

@@ -97,7 +97,7 @@ def test_metrics_carry_grpc_cloud_group_and_action_families(worked):
         'grpc_method="NodeGroupIncreaseSize"' in s and 'grpc_code="OK"' in s
         for s in samples(metrics, "grpc_server_handled_total")
     )
-    assert any('grpc_code="FAILED_PRECONDITION"' in s for s in samples(metrics, "grpc_server_handled_total"))
+    assert any('grpc_code="FailedPrecondition"' in s for s in samples(metrics, "grpc_server_handled_total"))
     assert samples(metrics, "grpc_server_started_total{")
     assert samples(metrics, "grpc_server_handling_seconds_bucket{")
     cloud = samples(metrics, "ca_externalgrpc_cloud_api_requests_total{")

@@ -40,6 +40,9 @@ from simulators.common.faults import Fault
 from simulators.scaleway.scenarios import generated_cluster
 from simulators.scaleway.simulator import ScalewaySimulator
 
+# The backend against the simulator, no server: the same on every serving engine.
+pytestmark = pytest.mark.one_engine
+
 SECRET = "sim-secret-key"
 CLUSTER = "11111111-0000-4000-8000-000000000001"
 P1, P2, P3 = (f"00000000-0000-4000-8000-00000000000{i}" for i in (1, 2, 3))

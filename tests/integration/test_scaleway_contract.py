@@ -23,7 +23,7 @@ from protos import externalgrpc_pb2 as pb
 from protos import k8s_core_v1_pb2 as k8s
 from providers.backend import Backend, SyncSettings
 from providers.deadline import Deadline
-from providers.errors import CloudRequestRejected, GroupBusy, NodeGroupNotFound
+from providers.errors import ChangeOutcomeUnknown, CloudRequestRejected, GroupBusy, NodeGroupNotFound
 from providers.http_transport import BreakerSettings, RetryPolicy
 from providers.model import InstanceState, NodeRef
 from providers.scaleway.adapter import SYNTHETIC_ID_PREFIX, ScalewayAdapter
@@ -151,7 +151,6 @@ def pool_answer(**changes: Any) -> Scripted:
 NO_RECORD = {
     "204-with-a-json-type": Scripted(status=204, headers={**GATEWAY_HEADERS, "Content-Type": "application/json"}),
     "200-empty": Scripted(status=200, headers=GATEWAY_HEADERS, content_type=None),
-    "200-text": Scripted(status=200, body=b"accepted", content_type="text/plain", headers=GATEWAY_HEADERS),
     "200-not-a-record": Scripted(status=200, body={"accepted": True}, headers=GATEWAY_HEADERS),
 }
 
@@ -250,6 +249,22 @@ def test_a_size_write_answered_2xx_without_a_pool_is_done(backend: Backend, api:
     assert backend.increase_size(POOL, 1, soon()) == 2
     assert len(api.requests("PATCH", POOL_PATH)) == 1
     assert backend.target_size(POOL) == 2
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_size_write_answered_2xx_with_a_body_that_is_not_json_is_read_back(
+    backend: Backend, api: ScriptedServer, applied: bool
+) -> None:
+    # Issue 40, item 4: not the API's answer (a proxy's page): the pool is listed again to know.
+    api.route("PATCH", POOL_PATH, Scripted(status=200, body=b"<html>accepted</html>", content_type="text/html"))
+    api.route("GET", POOLS, pools_page({**POOL_RECORD, "size": 2 if applied else 1}))
+    if applied:
+        assert backend.increase_size(POOL, 1, soon()) == 2
+    else:
+        with pytest.raises(ChangeOutcomeUnknown, match="not the API's answer"):
+            backend.increase_size(POOL, 1, soon())
+        assert backend.target_size(POOL) == 1
+    assert len(api.requests("PATCH", POOL_PATH)) == 1
 
 
 def test_a_size_write_answered_with_the_pool_record_is_done(backend: Backend, api: ScriptedServer) -> None:

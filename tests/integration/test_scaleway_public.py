@@ -21,6 +21,9 @@ from simulators.common.faults import Fault
 from simulators.scaleway.simulator import ScalewaySimulator
 from tests.integration.test_scaleway_backend import SECRET, deadline, make_backend, node_ref, wait_for
 
+# The backend against the simulator, no server: the same on every serving engine.
+pytestmark = pytest.mark.one_engine
+
 CLUSTER = "11111111-0000-4000-8000-000000000002"
 WORKERS, BATCH, MANAGED, OTHER = (f"00000000-0000-4000-8000-0000000000a{i}" for i in range(4))
 GIB = 1024**3

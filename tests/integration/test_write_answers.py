@@ -1,12 +1,16 @@
-"""A write the cloud accepted is done: a 2xx answer to a size change or a node deletion, whatever its body.
+"""A write's 2xx answer: done when its body is empty or the API's JSON, an unknown outcome settled by
+reading the cloud back when its body is anything else.
 
 No public client of either cloud reads the bodies of these answers (docs/reference/scaleway.md and
-docs/reference/bizfly.md, "Evidence"), so nothing says they are JSON. Each simulator applies the write and
-then answers 2xx with an empty body, a body that is not JSON, or JSON cut short (``Fault(apply=True, ...)``);
-the server, over
-gRPC as the CA calls it, must answer OK, change the cloud exactly once and keep no unknown outcome. Before
-this, the last two were a "malformed answer": UNAVAILABLE, and the CA counted a failed scale-up for a
-change the cloud had made.
+docs/reference/bizfly.md, "Evidence"), so an empty body is as good an answer as the API's JSON record:
+the write is done. Before, any 2xx was done whatever its body; but a 2xx that is not the API's answer (an
+HTML page, JSON cut short, JSON that is not an object) may come from a proxy or gateway in the path that
+never passed the request on (issue 40, item 4: IncreaseSize answered OK and TargetSize read +1 while the
+pool was unchanged; DeleteNodes answered OK while nothing was deleted). It is an unknown outcome, as after
+a 5xx: the server reads the cloud back and answers from what it finds, over gRPC as the CA calls it,
+changing the cloud at most once. The simulators produce each answer with a ``Fault``: with
+``apply=True`` the cloud applies the write and the answer is spoiled; with ``status=200`` something in
+the path answers in its place.
 """
 
 from __future__ import annotations
@@ -37,11 +41,18 @@ BIZFLY = {
                                       "max_size": 6, "desired_size": 2}]}
     ]
 }  # fmt: skip
-# What comes back instead of a JSON record, after the write was applied.
+# What comes back instead of a JSON record, after the write was applied: the empty body is done at once,
+# the others are read back and found applied.
 ANSWERS = {
     "empty": {"empty_body": True},
     "text": {"content_type": "text/plain"},  # an HTML page, as a proxy in the path would send
     "cut-short": {"malformed": True},
+}
+# What something in the path (a proxy, a gateway, a captive portal) answers without passing the write on.
+NOT_THE_APIS_ANSWER = {
+    "html": {"status": 200, "content_type": "text/html"},
+    "cut-short": {"status": 200, "malformed": True},
+    "not-an-object": {"status": 200, "body": "OK"},  # valid JSON, but no API answers a write so
 }
 WRITES = {  # (cloud, route) of the size change and of the deletion
     "scaleway": ("update_pool", "delete_node"),
@@ -89,7 +100,7 @@ def a_running_node(stack: Stack, cloud: str) -> pb.ExternalGrpcNode:
 
 @pytest.mark.parametrize("answer", sorted(ANSWERS))
 @pytest.mark.parametrize("cloud", ["scaleway", "bizfly"])
-def test_a_size_change_answered_2xx_without_a_readable_body_is_done(stack: Stack, cloud: str, answer: str) -> None:
+def test_a_size_change_applied_and_answered_2xx_is_ok_whatever_the_body(stack: Stack, cloud: str, answer: str) -> None:
     stack.sync()
     sim = simulator(stack, cloud)
     before = cloud_size(stack, cloud)
@@ -107,7 +118,7 @@ def test_a_size_change_answered_2xx_without_a_readable_body_is_done(stack: Stack
 
 @pytest.mark.parametrize("answer", sorted(ANSWERS))
 @pytest.mark.parametrize("cloud", ["scaleway", "bizfly"])
-def test_a_deletion_answered_2xx_without_a_readable_body_is_done(stack: Stack, cloud: str, answer: str) -> None:
+def test_a_deletion_applied_and_answered_2xx_is_ok_whatever_the_body(stack: Stack, cloud: str, answer: str) -> None:
     stack.sync()
     sim = simulator(stack, cloud)
     route = WRITES[cloud][1]
@@ -125,3 +136,55 @@ def test_a_deletion_answered_2xx_without_a_readable_body_is_done(stack: Stack, c
     assert sim.requests.count(route=route) == sent + 1
     assert cloud_size(stack, cloud) == before - 1
     assert stack.target(group(cloud)) == before - 1
+
+
+@pytest.mark.parametrize("answer", sorted(NOT_THE_APIS_ANSWER))
+@pytest.mark.parametrize("cloud", ["scaleway", "bizfly"])
+def test_a_size_change_answered_by_a_page_that_is_not_the_apis_is_read_back(
+    stack: Stack, cloud: str, answer: str
+) -> None:
+    """Issue 40, item 4: a 200 page to the size PATCH that never reached the cloud used to be taken as
+    applied: IncreaseSize answered OK and TargetSize read one more while the pool was unchanged."""
+    stack.sync()
+    sim = simulator(stack, cloud)
+    before = cloud_size(stack, cloud)
+    route = WRITES[cloud][0]
+    sim.faults.add(Fault(route=route, times=1, **NOT_THE_APIS_ANSWER[answer]))
+    with pytest.raises(grpc.RpcError) as unknown:
+        stack.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=group(cloud), delta=1), timeout=10)
+    assert unknown.value.code() == grpc.StatusCode.UNAVAILABLE, unknown.value.details()
+    assert "not confirmed" in (unknown.value.details() or "")
+    assert cloud_size(stack, cloud) == before
+    assert stack.target(group(cloud)) == before, "TargetSize counts a change the cloud never made"
+    # The CA's retry goes out once, from the size the cloud was read back with.
+    sent = sim.requests.count(route=route)
+    stack.stub.NodeGroupIncreaseSize(pb.NodeGroupIncreaseSizeRequest(id=group(cloud), delta=1), timeout=10)
+    assert cloud_size(stack, cloud) == before + 1 and sim.requests.count(route=route) == sent + 1
+    stack.stub.NodeGroupDecreaseTargetSize(pb.NodeGroupDecreaseTargetSizeRequest(id=group(cloud), delta=-1), timeout=10)
+    assert cloud_size(stack, cloud) == before
+
+
+@pytest.mark.parametrize("answer", sorted(NOT_THE_APIS_ANSWER))
+@pytest.mark.parametrize("cloud", ["scaleway", "bizfly"])
+def test_a_deletion_answered_by_a_page_that_is_not_the_apis_is_not_reported_done(
+    stack: Stack, cloud: str, answer: str
+) -> None:
+    """Issue 40, item 4: a 200 page to the node DELETE that never reached the cloud used to be taken as
+    done: DeleteNodes answered OK while nothing was deleted."""
+    stack.sync()
+    sim = simulator(stack, cloud)
+    route = WRITES[cloud][1]
+    before = cloud_size(stack, cloud)
+    victim = a_running_node(stack, cloud)
+    sim.faults.add(Fault(route=route, times=1, **NOT_THE_APIS_ANSWER[answer]))
+    with pytest.raises(grpc.RpcError) as unknown:
+        stack.stub.NodeGroupDeleteNodes(pb.NodeGroupDeleteNodesRequest(id=group(cloud), nodes=[victim]), timeout=10)
+    assert unknown.value.code() == grpc.StatusCode.UNAVAILABLE, unknown.value.details()
+    assert "did not confirm the deletion" in (unknown.value.details() or "")
+    assert cloud_size(stack, cloud) == before
+    stack.sync()
+    assert stack.target(group(cloud)) == before
+    running = {
+        i.id for i in stack.instances(group(cloud)) if i.status.instanceState == pb.InstanceStatus.instanceRunning
+    }
+    assert victim.providerID in running, "the node was reported deleted"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.bench import kube_features
 
 
@@ -26,5 +28,11 @@ def test_the_kubernetes_features_benchmark_measures_every_feature_set(tmp_path: 
         assert server["threads"] > 0 and server["startup_s"] > 0 and server["idle_millicores"] >= 0, name
         assert (server["templates_learned_s"] is not None) is learns, name
         assert (server["learn_after_ready_s"] is not None) is learns, name
+    over_none = size["runs"]["this"]["over_none"]
+    assert set(over_none) == set(kube_features.FEATURE_SETS) - {"none"}
+    assert over_none["all four"]["rss_mib"] == pytest.approx(
+        servers["all four"]["rss_mib"] - servers["none"]["rss_mib"], abs=0.11
+    )
     table = kube_features.markdown(results)
     assert "| all four |" in table and (tmp_path / "bench-kube-results.json").is_file()
+    assert "### RSS without features and with all four" in table and "| 40 | 0 | this | " in table

@@ -1,4 +1,5 @@
-"""A server with its four Kubernetes features at work loads none of the client's generated API or model classes.
+"""A server with its four Kubernetes features at work loads none of the client's generated API or model classes,
+nor the validator the client's dynamic module loads when it is installed.
 
 Importing one generated API class (``CoreV1Api``, ``CoordinationV1Api``) loads about 250 model modules,
 about 21 MiB of RSS (docs/evidence/kubernetes-features.md, "Memory and CPU"); the features go through the
@@ -6,6 +7,9 @@ connection's raw JSON calls instead (server/kube/client.py). The server runs as 
 ``PYTHONPROFILEIMPORTTIME=1``, so the interpreter itself names every module it imports, from any thread.
 Each feature makes its calls before the list is read: the replica takes the Lease, learns a Node's
 template, journals and reports a scale-up, and at its stop writes its last status and releases the Lease.
+This environment has ``kubernetes_validate`` (the manifests' tests use it) with jsonschema's format
+checkers, which the client would import with its dynamic module: 20 MiB the image never pays
+(server/kube/client.py, ``_import_client``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from tests.support.container_image import built_image
 # One line per module imported for the first time: "import time: <self us> | <cumulative us> | <module>".
 IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s+(\S+)\s*$", re.MULTILINE)
 GENERATED = ("kubernetes.client.api.", "kubernetes.client.models.")
+# What kubernetes_validate would load: jsonschema, its schema registry and the format checkers' parsers. (Its
+# own name is listed all the same: the interpreter times the attempt the client makes, which fails at once.)
+VALIDATOR = ("jsonschema", "referencing", "lark", "rfc3987_syntax")
 
 
 @pytest.fixture
@@ -40,7 +47,7 @@ def cloud() -> Iterator[ScalewaySimulator]:
         yield sim
 
 
-def test_a_server_with_its_four_kubernetes_features_at_work_loads_no_generated_api_or_model_class(
+def test_a_server_with_its_four_kubernetes_features_at_work_loads_no_generated_api_or_model_class_nor_validator(
     control_plane: ControlPlane,
     admin: client.ApiClient,
     namespace: str,
@@ -60,6 +67,8 @@ def test_a_server_with_its_four_kubernetes_features_at_work_loads_no_generated_a
     assert "kubernetes.client.rest" in imported, "no import list in the output:\n" + server.log_tail()
     generated = [module for module in imported if module.startswith(GENERATED)]
     assert generated == [], f"{len(generated)} generated modules loaded, among them {generated[:5]}"
+    validator = [module for module in imported if module.split(".")[0] in VALIDATOR]
+    assert validator == [], f"{len(validator)} modules of the manifest validator loaded, among them {validator[:5]}"
 
 
 def test_the_image_serves_the_four_kubernetes_features_without_the_files_it_leaves_out(

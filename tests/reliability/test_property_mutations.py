@@ -128,6 +128,21 @@ class MutationMachine(RuleBasedStateMachine):
     def _cloud(self, gid: str) -> int:
         return self.stack.pools()[gid].target
 
+    def _room_to_write(self, index: int, op: str, delta: int) -> tuple[str, PoolView, list[NodeView]] | None:
+        """The group, its pool and its known nodes for an ``op`` ("increase" by ``delta`` or "delete") that
+        stays within the group's bounds; None when the group owes a retry, the server is degraded, or the
+        write would leave its bounds (or has no node to delete)."""
+        gid = self._gid(index)
+        pool = self.stack.pools()[gid]
+        if gid in self.owed or self.degraded:
+            return None
+        if op == "increase" and pool.target + delta > pool.max_size:
+            return None
+        known = self._known(gid, pool)
+        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
+            return None
+        return gid, pool, known
+
     def _known(self, gid: str, pool: PoolView) -> list[NodeView]:
         """The pool's live nodes that the server lists too: the ones a CA could name in DeleteNodes.
 
@@ -398,22 +413,17 @@ class MutationMachine(RuleBasedStateMachine):
     @rule(
         index=GROUP,
         op=st.sampled_from(["increase", "delete"]),
-        how=st.sampled_from(["500", "502", "503", "504", "drop", "late"]),
+        how=st.sampled_from(["500", "502", "503", "504", "drop", "late", "page"]),
         delta=st.integers(1, 2),
     )
     def write_applied_then_fails(self, index: int, op: str, how: str, delta: int) -> None:
-        """The cloud applies the write, then answers 5xx, drops the connection or answers too late."""
-        gid = self._gid(index)
-        pool = self.stack.pools()[gid]
-        if gid in self.owed or self.degraded:
-            return
+        """The cloud applies the write, then answers 5xx, drops the connection, answers too late, or a
+        proxy in the path turns its answer into a 200 page that is not the API's."""
         if how == "late" and self.late_steps >= MAX_LATE_PER_EXAMPLE:
             return
-        if op == "increase" and pool.target + delta > pool.max_size:
+        if (room := self._room_to_write(index, op, delta)) is None:
             return
-        known = self._known(gid, pool)
-        if op == "delete" and (not known or pool.target - 1 < pool.min_size):
-            return
+        gid, pool, known = room
         self._step(f"write_applied_then_{how}")
         FIGURES["faults"][f"{op} applied, then {how}"] += 1
         kit = self.stack.kit
@@ -426,6 +436,8 @@ class MutationMachine(RuleBasedStateMachine):
             self.late_steps += 1
             fault["delay"] = LATE_DELAY + 0.2
             timeout = SHORT_DEADLINE
+        elif how == "page":
+            fault["content_type"] = "text/html"
         else:
             fault["status"] = int(how)
         seen = self.stack.sim.requests.count(route, method)
@@ -453,6 +465,27 @@ class MutationMachine(RuleBasedStateMachine):
             assert self.stack.target_size(gid).response.targetSize == after, "TargetSize not read back at once"
             FIGURES["checks"]["applied write confirmed from the cloud"] += 1
         self.expected[gid] = after
+
+    @rule(index=GROUP, op=st.sampled_from(["increase", "delete"]), delta=st.integers(1, 2))
+    def write_answered_by_a_page_in_the_path(self, index: int, op: str, delta: int) -> None:
+        """Something in the path answers the write with a 200 page and never passes it on (issue 40, item 4):
+        nothing changed, and the server says the change is not confirmed instead of taking it as done."""
+        if (room := self._room_to_write(index, op, delta)) is None:
+            return
+        gid, pool, known = room
+        self._step("write_answered_by_a_page_in_the_path")
+        FIGURES["faults"][f"{op} answered by a page in the path"] += 1
+        kit = self.stack.kit
+        route, method = (kit.update_route, "PATCH") if op == "increase" else (kit.delete_route, "DELETE")
+        self.stack.add_fault(route=route, method=method, status=200, content_type="text/html", times=1)
+        before = pool.target
+        answer = self.stack.increase(gid, delta) if op == "increase" else self.stack.delete(gid, [known[0]])
+        self.stack.clear_faults()
+        assert answer.code == grpc.StatusCode.UNAVAILABLE, answer
+        assert self._cloud(gid) == before, f"{gid}: a write the cloud never saw changed it"
+        assert self.stack.target_size(gid).response.targetSize == before, "TargetSize counts a change never made"
+        FIGURES["checks"]["a page in the path is not taken as done"] += 1
+        self.expected[gid] = before
 
     @rule()
     def refresh(self) -> None:

@@ -9,6 +9,10 @@ TLS with a certificate for that host signed by the throwaway CA, and relays each
 to the simulator over plain HTTP on loopback. A CONNECT to any other host is refused (403), so nothing
 leaves the machine. Loopback addresses are never proxied (Go skips the proxy for them; ``NO_PROXY``
 says so to Python), so the calls the service catalog sends to the simulator's own address go direct.
+
+A client that is given the API's address as a URL (``SCW_API_URL``) rather than a proxy gets a port of its
+own (``direct``): TLS at once, as the host, with the same certificate, which also names the addresses
+given as ``names`` (the real node's, where pods reach that port).
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ class Relayed:
 class InterceptingProxy:
     """``routes``: production host name -> the ``(host, port)`` of the simulator that plays it."""
 
-    def __init__(self, routes: Mapping[str, tuple[str, int]], workdir: Path) -> None:
+    def __init__(self, routes: Mapping[str, tuple[str, int]], workdir: Path, names: tuple[str, ...] = ()) -> None:
         self.routes = dict(routes)
         self.relayed: list[Relayed] = []
         self.refused: list[str] = []
+        self._direct: list[tuple[_ProxyServer, threading.Thread]] = []
         workdir.mkdir(parents=True, exist_ok=True)
         ca_key, ca_cert = new_ca("ca-externalgrpc e2e interception CA")
-        key, cert = new_leaf(ca_key, ca_cert, "intercepted", ExtendedKeyUsageOID.SERVER_AUTH, tuple(self.routes))
+        sans = (*self.routes, *names)
+        key, cert = new_leaf(ca_key, ca_cert, "intercepted", ExtendedKeyUsageOID.SERVER_AUTH, sans)
         self.ca_file = workdir / "intercept-ca.pem"
         write_cert(ca_cert, self.ca_file)
         write_cert(cert, workdir / "intercept.pem")
@@ -88,20 +94,42 @@ class InterceptingProxy:
         self._thread.start()
         return self
 
+    def direct(self, host: str) -> int:
+        """A loopback port where each connection is TLS as ``host`` at once, its requests relayed to the
+        simulator that plays ``host``: for a client that takes the API's URL instead of a proxy."""
+        server = _ProxyServer(("127.0.0.1", 0), _DirectHandler, self, host=host)
+        thread = threading.Thread(target=server.serve_forever, name=f"https-direct-{host}", daemon=True)
+        thread.start()
+        self._direct.append((server, thread))
+        return int(server.server_address[1])
+
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for server, thread in [(self._server, self._thread), *self._direct]:
+            server.shutdown()
+            server.server_close()
+            if thread is not None:
+                thread.join(timeout=5)
 
 
 class _ProxyServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], handler: type, proxy: InterceptingProxy) -> None:
+    def __init__(self, address: tuple[str, int], handler: type, proxy: InterceptingProxy, host: str = "") -> None:
         self.proxy = proxy
+        self.host = host  # a direct port's host
         super().__init__(address, handler)
+
+
+class _DirectHandler(socketserver.BaseRequestHandler):
+    """One connection to a direct port: TLS as the server's host, then its requests relayed."""
+
+    server: _ProxyServer
+
+    def handle(self) -> None:
+        host = self.server.host
+        with self.server.proxy.tls.wrap_socket(self.request, server_side=True) as tls:
+            _RelayHandler(tls, self.client_address, self.server, host=host, target=self.server.proxy.routes[host])
 
 
 class _ConnectHandler(http.server.BaseHTTPRequestHandler):

@@ -3,11 +3,12 @@
 ``make node-images`` (part of ``make test`` when podman is installed) builds two images from binaries of
 the Go build step (``make build``), since no image registry is reachable:
 
-- the cluster-autoscaler: the e2e's CA 1.36.1 binary (tests/e2e/gomod) at ``/cluster-autoscaler``, as
-  the official image has it (the chart runs ``./cluster-autoscaler`` from ``/``), on the Debian runtime
-  base ``make image`` made for our server (the binary is linked against glibc; the official image is a
-  static build on distroless). The node scenarios give it the name the chart and the manifests use,
-  ``registry.k8s.io/autoscaling/cluster-autoscaler:v1.36.1``, inside the node.
+- the cluster-autoscaler: the e2e module's CA 1.36.1 (tests/e2e/gomod), built with the externalgrpc and
+  the in-tree Scaleway and Bizfly providers as the official image holds every provider, at
+  ``/cluster-autoscaler`` as the official image has it (the chart runs ``./cluster-autoscaler`` from
+  ``/``), on the Debian runtime base ``make image`` made for our server (the binary is linked against
+  glibc; the official image is a static build on distroless). The node scenarios give it the name the
+  chart and the manifests use, ``registry.k8s.io/autoscaling/cluster-autoscaler:v1.36.1``, inside the node.
 - the pod sandbox ("pause") image: the static ``node-pause`` program alone (tests/e2e/nodegomod/pause).
 
 Each image is labelled with the SHA-256 of the binary it holds; ``image_problem`` tells a test that an
@@ -55,8 +56,8 @@ class NodeImage:
 
 
 CLUSTER_AUTOSCALER = NodeImage(
-    name="localhost/ca-externalgrpc-e2e/cluster-autoscaler:1.36.1",
-    binary="cluster-autoscaler-1.36.1",
+    name="localhost/ca-externalgrpc-e2e/cluster-autoscaler:1.36.1-node",
+    binary="cluster-autoscaler-1.36.1-node",
     path="/cluster-autoscaler",
     user="65532:65532",
     on_runtime_base=True,

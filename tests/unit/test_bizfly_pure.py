@@ -118,6 +118,31 @@ def test_a_node_that_failed_after_it_existed_is_never_a_failed_scale_up(reason: 
     assert mapped.state == InstanceState.RUNNING and mapped.error is None
 
 
+# Issue 40, item 2: a failed RECREATE recovery of a node that served. Senlin's profile recreates the
+# server, and when the creation fails it raises an EResourceOperation wrapping the creation error's own
+# text; Node.do_recover stores str() of it (openstack/senlin: profiles/base.py do_recover,
+# common/exception.py EResourceOperation and EResourceCreation, engine/node.py do_recover). The outer
+# "Failed in recovering node" says what failed: an existing machine, never a scale-up.
+SENLIN_FAILED_RECOVERIES = [
+    "Failed in recovering node 'f2a1c3d4-5b6e-4f70-8a9b-0c1d2e3f4a5b': Failed in creating server: No valid host "
+    "was found. There are not enough hosts available.",
+    "Failed in recovering node 'f2a1c3d4-5b6e-4f70-8a9b-0c1d2e3f4a5b': Failed in creating server: Quota exceeded "
+    "for cores: Requested 4, but already used 20 of 20 cores.",
+    "Failed in recovering node 'f2a1c3d4-5b6e-4f70-8a9b-0c1d2e3f4a5b': Failed in deleting server "
+    "'de9cb2f0-c8f0-4bf0-a6ea-cf83d6b55ef7': conflict.",
+]
+
+
+@pytest.mark.parametrize("history", list(History))
+@pytest.mark.parametrize("reason", SENLIN_FAILED_RECOVERIES)
+def test_a_failed_recreate_recovery_is_not_taken_for_a_failed_creation(reason: str, history: History) -> None:
+    """Issue 40, item 2: the creation-failure pattern inside the recovery's message used to win, so a node
+    that served was reported as a failed scale-up (OUT_OF_RESOURCES for "No valid host"), deleted by the CA
+    and its pool backed off."""
+    mapped = map_status("ERROR", reason, history)
+    assert mapped.state == InstanceState.RUNNING and mapped.error is None, mapped
+
+
 @pytest.mark.parametrize(
     ("history", "state", "failed"),
     [

@@ -12,14 +12,25 @@ import pytest
 
 from providers.backend import Backend
 from providers.deadline import Deadline
-from providers.model import CloudListing, GroupState, Instance, LearnedTemplate, NodeRef, NodeTemplate, Taint
-from providers.node_labels import GroupLabels, LabelAgreement
+from providers.model import (
+    CloudListing,
+    GroupState,
+    Instance,
+    InstanceState,
+    LearnedTemplate,
+    NodeRef,
+    NodeTemplate,
+    Taint,
+)
+from providers.node_labels import LABEL_SETTLE, GroupLabels, LabelAgreement
+from providers.registry import Registry
 from server.config import TemplateOverride
 from server.kube.settings import LearnedTemplatesConfig
 from server.kube.templates import (
     BadRecord,
     LearningRules,
     NodeFields,
+    TemplateLearner,
     decode_learned,
     encode_learned,
     fit_in_budget,
@@ -269,19 +280,27 @@ def test_labels_that_name_a_machine_or_a_moment_are_never_kept_under_a_kept_pref
     assert GroupLabels().keep({"nvidia.com/network-driver-upgrade-state": "upgrade-required"}) == {}
 
 
-def test_a_label_that_differs_between_nodes_or_changes_on_one_varies_for_good() -> None:
+def test_a_label_that_differs_between_nodes_or_changes_on_one_varies_until_they_agree_again() -> None:
     agreement = LabelAgreement()
-    assert agreement.observe({"zone": "a", "disk": "ssd", "node.kubernetes.io/instance-type": "t1"}) == set()
+    first = {"zone": "a", "disk": "ssd", "node.kubernetes.io/instance-type": "t1"}
+    assert agreement.observe(first, "n1", 0.0).varied == set()
     # Another node: the same zone, another disk; a key it lacks says nothing (not labelled yet).
-    assert agreement.observe({"zone": "a", "disk": "hdd"}) == {"disk"}
+    assert agreement.observe({"zone": "a", "disk": "hdd"}, "n2", 1.0).varied == {"disk"}
     # The first node again, a label changed on it over time; a machine type that changes is no variance.
-    assert agreement.observe({"zone": "b", "disk": "ssd", "node.kubernetes.io/instance-type": "t2"}) == {"zone"}
+    changed = {"zone": "b", "disk": "ssd", "node.kubernetes.io/instance-type": "t2"}
+    assert agreement.observe(changed, "n1", 2.0).varied == {"zone"}
     assert agreement.varying == {"disk", "zone"}
     assert agreement.agreed({"zone": "a", "disk": "ssd", "gpu": "1", "node.kubernetes.io/instance-type": "t2"}) == {
         "gpu": "1",
         "node.kubernetes.io/instance-type": "t2",
     }
-    assert agreement.observe({"zone": "a", "disk": "ssd"}) == set(), "a varying key never comes back"
+    # Both nodes now show zone b and keep their disks: zone comes back once they agreed for LABEL_SETTLE.
+    back = {}
+    for at in range(60, int(LABEL_SETTLE) + 180, 60):
+        back[at] = dict(agreement.observe({"zone": "b", "disk": "ssd"}, "n1", float(at)).agreed_again)
+        back[at] |= agreement.observe({"zone": "b", "disk": "hdd"}, "n2", float(at)).agreed_again
+    assert {at: keys for at, keys in back.items() if keys} == {660: {"zone": "b"}}  # the first report 600 s on
+    assert agreement.varying == {"disk"} and agreement.agreed({"zone": "b", "disk": "ssd"}) == {"zone": "b"}
 
 
 def test_the_labels_the_ca_shows_vary_the_same_way() -> None:
@@ -315,3 +334,98 @@ def test_a_record_keeps_the_keys_found_varying_across_a_restart() -> None:
     assert "varying_labels" not in encode_learned(plain), "a record without any is written as before"
     with pytest.raises(BadRecord):
         decode_learned(text.replace('["nvidia.com/cuda.driver.minor"]', '"nvidia.com/cuda.driver.minor"'))
+
+
+# ------------------------------------------------------------------- labels that vary, then agree (issue 40)
+PRODUCT = "nvidia.com/gpu.product"
+MIG = "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+GPU_NODES = {"gpu-1": "openstack:///9e1f0c5a-0001", "gpu-2": "openstack:///9e1f0c5a-0002"}
+
+
+class ListedAdapter(InMemoryAdapter):
+    """The group with the two machines behind GPU_NODES, so that the learner maps their Nodes to it."""
+
+    def list_groups(self, deadline: Deadline) -> CloudListing:
+        machines = tuple(Instance(pid, InstanceState.RUNNING, pid) for pid in GPU_NODES.values())
+        return CloudListing((GroupState("big", 0, 3, 2, machines),))
+
+
+def gpu_node(name: str, product: str) -> NodeFields:
+    """A Ready GPU node of the group as the learner reads it from the watch."""
+    return node_fields(
+        {
+            "metadata": {"name": name, "labels": {**A100_NODE, PRODUCT: product}},
+            "spec": {"providerID": GPU_NODES[name]},
+            "status": {
+                "capacity": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "8"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        }
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gpu_learner() -> tuple[TemplateLearner, Backend, Clock]:
+    adapter = ListedAdapter(CLOUD)
+    built = Backend("memory", adapter)  # type: ignore[arg-type]
+    built.start(background=False)
+    clock = Clock()
+    learner = TemplateLearner(None, Registry([built]), LearnedTemplatesConfig(), clock=clock)  # type: ignore[arg-type]
+    return learner, built, clock
+
+
+def kubelet_reports(learner: TemplateLearner, clock: Clock, minutes: int, **products: str) -> None:
+    """Each node's status written every minute (kubelet's reports, seen by the watch) for ``minutes``."""
+    for _ in range(minutes):
+        clock.now += 60
+        for name, product in products.items():
+            learner.observe(gpu_node(name, product))
+
+
+def served_product(learner: TemplateLearner, backend: Backend) -> str | None:
+    record = learner.learned("memory")["big"]
+    assert backend.learned_template("big") == record
+    product = record.template.labels.get(PRODUCT)
+    assert (product is None) == (PRODUCT in record.varying_labels), record
+    return product
+
+
+def test_a_label_comes_back_once_the_groups_nodes_agree_again() -> None:
+    """Issue 40, item 3: after a MIG reconfiguration every node of the group carries the new
+    nvidia.com/gpu.product, but the key stayed "varying" for good (and in the ConfigMap), so a pod selecting
+    it could not scale the pool from zero. It comes back once the nodes have agreed for LABEL_SETTLE."""
+    learner, backend, clock = gpu_learner()
+    kubelet_reports(learner, clock, 1, **{"gpu-1": A100_NODE[PRODUCT], "gpu-2": A100_NODE[PRODUCT]})
+    assert served_product(learner, backend) == A100_NODE[PRODUCT]
+    kubelet_reports(learner, clock, 1, **{"gpu-1": MIG, "gpu-2": A100_NODE[PRODUCT]})  # one node reconfigured
+    assert served_product(learner, backend) is None
+    kubelet_reports(learner, clock, 9, **{"gpu-1": MIG, "gpu-2": MIG})  # both: agreed, not long enough yet
+    assert served_product(learner, backend) is None
+    kubelet_reports(learner, clock, 2, **{"gpu-1": MIG, "gpu-2": MIG})
+    assert served_product(learner, backend) == MIG
+
+
+def test_a_label_comes_back_once_the_node_that_disagreed_is_gone() -> None:
+    """Issue 40, item 3: the node that showed another value was deleted; the nodes left agree."""
+    learner, backend, clock = gpu_learner()
+    kubelet_reports(learner, clock, 1, **{"gpu-1": A100_NODE[PRODUCT], "gpu-2": MIG})
+    assert served_product(learner, backend) is None
+    learner.forget("gpu-2")
+    kubelet_reports(learner, clock, 12, **{"gpu-1": A100_NODE[PRODUCT]})
+    assert served_product(learner, backend) == A100_NODE[PRODUCT]
+
+
+def test_a_label_that_keeps_changing_stays_out() -> None:
+    """A value that changes on a node again and again (relabelled every few minutes) never settles."""
+    learner, backend, clock = gpu_learner()
+    kubelet_reports(learner, clock, 1, **{"gpu-1": "a", "gpu-2": "a"})
+    for turn in range(12):
+        kubelet_reports(learner, clock, 4, **{"gpu-1": "ba"[turn % 2], "gpu-2": "ba"[turn % 2]})
+        assert served_product(learner, backend) is None

@@ -13,7 +13,8 @@ import pytest
 from google.protobuf import wrappers_pb2
 
 from providers.backend import SyncHealth
-from server.metrics import GRPC_BUCKETS, Metrics
+from server.metrics import BREAKER_STATES as STATES
+from server.metrics import GRPC_BUCKETS, GRPC_CODE_LABELS, Metrics, grpc_code_label
 from server.probes import Liveness, readiness, serve_http
 from server.rpc import Abort, Code, Dispatcher, NativeCallContext, UnaryMethod
 
@@ -50,21 +51,21 @@ PING = wrappers_pb2.StringValue(value="ping").SerializeToString()
 
 
 @pytest.mark.parametrize(
-    "method, data, code",
+    "method, data, code, label",
     [
-        ("Ok", PING, "OK"),
-        ("Abort", PING, "FAILED_PRECONDITION"),
-        ("Raise", PING, "UNKNOWN"),
-        ("Ok", b"\xff\xff", "INVALID_ARGUMENT"),
+        ("Ok", PING, "OK", "OK"),
+        ("Abort", PING, "FAILED_PRECONDITION", "FailedPrecondition"),
+        ("Raise", PING, "UNKNOWN", "Unknown"),
+        ("Ok", b"\xff\xff", "INVALID_ARGUMENT", "InvalidArgument"),
     ],
 )
-def test_handled_total_records_the_code_the_client_sees(method, data, code):
+def test_handled_total_records_the_code_the_client_sees(method, data, code, label):
     metrics = Metrics()
     answer = _dispatcher(metrics).call(f"/{SERVICE}/{method}", data, NativeCallContext(None, 0.0))
     assert answer[0].name == code
     labels = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": method}
     assert value(metrics, "grpc_server_started_total", **labels) == 1
-    assert value(metrics, "grpc_server_handled_total", **labels, grpc_code=code) == 1
+    assert value(metrics, "grpc_server_handled_total", **labels, grpc_code=label) == 1
     assert value(metrics, "grpc_server_handling_seconds_count", **labels) == 1
 
 
@@ -79,12 +80,57 @@ def test_dispatch_answers_the_message_or_the_precise_error():
     assert dispatcher.call(f"/{SERVICE}/Nope", PING, context)[:2] == (Code.UNIMPLEMENTED, "Method not found!")
 
 
-def test_handling_seconds_has_sub_millisecond_buckets():
+def test_handling_seconds_resolves_microsecond_answers_up_to_the_cas_deadline():
+    # The measured answers (tests/monitoring/rpc_latency.py): native table reads 2-10 us, Python's reads
+    # 10-300 us, size changes milliseconds to seconds; the CA's deadline 5-10 s.
+    assert GRPC_BUCKETS[0] <= 0.000005 and GRPC_BUCKETS[-1] >= 10.0
+    decades = [b for b in GRPC_BUCKETS if 0.00001 <= b <= 0.001]
+    assert len(decades) >= 6, "at least three bounds per decade where the reads are"
     metrics = Metrics()
     _dispatcher(metrics).call(f"/{SERVICE}/Ok", PING, NativeCallContext(None, 0.0))
     labels = {"grpc_type": "unary", "grpc_service": SERVICE, "grpc_method": "Ok"}
-    assert value(metrics, "grpc_server_handling_seconds_bucket", **labels, le="0.0005") is not None
-    assert value(metrics, "grpc_server_handling_seconds_bucket", **labels, le="5.0") == 1
+    assert value(metrics, "grpc_server_handling_seconds_bucket", **labels, le="5e-06") is not None
+    assert value(metrics, "grpc_server_handling_seconds_bucket", **labels, le="10.0") == 1
+
+
+def test_grpc_code_labels_are_the_names_grpc_go_writes():
+    # grpc-go's codes.Code.String() (go-grpc-prometheus writes it): one label per code, in code order.
+    assert [grpc_code_label(code) for code in Code] == list(GRPC_CODE_LABELS)
+    assert grpc_code_label(Code.CANCELLED) == "Canceled"
+    assert grpc_code_label(Code.DEADLINE_EXCEEDED) == "DeadlineExceeded"
+    assert grpc_code_label(Code.UNAVAILABLE) == "Unavailable"
+
+
+def test_a_breaker_change_never_shows_every_state_at_zero():
+    # A scrape may fall between two writes of one change: it must never read "no state" (all 0), which
+    # an alert on "not closed" would take for a recovery.
+    metrics = Metrics()
+    metrics.set_breaker_state("scw", "scaleway", "closed")
+    gauge = metrics.breaker_state
+    gauge_labels = gauge.labels
+    seen: list[float] = []
+
+    def spying(*names: str):
+        child = gauge_labels(*names)
+        setter = child.set
+
+        def set_and_look(v: float) -> None:
+            setter(v)
+            seen.append(max(value(metrics, gauge._name, backend="scw", api="scaleway", state=s) or 0 for s in STATES))
+
+        child.set = set_and_look  # type: ignore[method-assign]
+        return child
+
+    gauge.labels = spying  # type: ignore[method-assign]
+    for state in ("open", "half-open", "open", "half-open", "closed"):
+        metrics.set_breaker_state("scw", "scaleway", state)
+    assert seen and min(seen) == 1.0
+
+
+def test_sync_errors_start_at_zero_for_every_watched_backend():
+    metrics = Metrics()
+    metrics.watch_backends([FakeBackend("scw")])
+    assert value(metrics, "ca_externalgrpc_sync_errors_total", backend="scw") == 0.0
 
 
 def test_two_metrics_objects_do_not_share_a_registry():
@@ -441,22 +487,22 @@ def test_calls_the_native_engine_answered_join_the_grpc_server_series():
     labels = ("unary", service, "NodeGroupTargetSize")
     metrics.grpc_started.labels(*labels).inc()
     metrics.grpc_handled.labels(*labels, "OK").inc()
-    metrics.grpc_handled.labels(*labels, "NOT_FOUND").inc()
+    metrics.grpc_handled.labels(*labels, "NotFound").inc()
     metrics.grpc_handling_seconds.labels(*labels).observe(0.002)
-    # 3 calls in the first bucket (<= 0.5 ms), 1 in the +Inf slot, as the extension reports them
+    # 3 calls in the first bucket (<= 5 us), 1 in the +Inf slot, as the extension reports them
     per_bucket = [3] + [0] * (len(GRPC_BUCKETS) - 1) + [1]
     metrics.add_native_calls(
         lambda: [
             (service, "NodeGroupTargetSize", 4, per_bucket, 12.5),
-            (service, "NodeGroups", 2, [2] + [0] * 14, 0.001),
+            (service, "NodeGroups", 2, [2] + [0] * len(GRPC_BUCKETS), 0.001),
         ]
     )
     text = metrics.exposition().decode()
     where = f'grpc_method="NodeGroupTargetSize",grpc_service="{service}",grpc_type="unary"'
     assert f"grpc_server_started_total{{{where}}} 5.0" in text
     assert f'grpc_server_handled_total{{grpc_code="OK",{where}}} 5.0' in text
-    assert f'grpc_server_handled_total{{grpc_code="NOT_FOUND",{where}}} 1.0' in text
-    assert f'grpc_server_handling_seconds_bucket{{{where},le="0.0005"}} 3.0' in text
+    assert f'grpc_server_handled_total{{grpc_code="NotFound",{where}}} 1.0' in text
+    assert f'grpc_server_handling_seconds_bucket{{{where},le="5e-06"}} 3.0' in text
     assert f'grpc_server_handling_seconds_bucket{{{where},le="0.0025"}} 4.0' in text  # Python's 2 ms call
     assert f'grpc_server_handling_seconds_bucket{{{where},le="+Inf"}} 5.0' in text
     assert f"grpc_server_handling_seconds_count{{{where}}} 5.0" in text

@@ -30,9 +30,11 @@ type result struct {
 	Probes          int            `json:"probes"`
 	ProbeOK         int            `json:"probe_ok"`
 	ProbeFailures   map[string]int `json:"probe_failures"`
-	ProbeP50Ms      float64        `json:"probe_p50_ms"`
-	ProbeP99Ms      float64        `json:"probe_p99_ms"`
-	ProbeMaxMs      float64        `json:"probe_max_ms"`
+	// the longest run of probes that failed one after the other (kubelet restarts after failureThreshold, 3)
+	ProbeFailedInARow int     `json:"probe_failed_in_a_row"`
+	ProbeP50Ms        float64 `json:"probe_p50_ms"`
+	ProbeP99Ms        float64 `json:"probe_p99_ms"`
+	ProbeMaxMs        float64 `json:"probe_max_ms"`
 }
 
 func main() {
@@ -60,6 +62,7 @@ func main() {
 		}()
 	}
 	var latencies []float64
+	failedInARow := 0
 	probeTicker := time.NewTicker(*interval)
 	end := time.After(*duration)
 loop:
@@ -73,8 +76,11 @@ loop:
 			if why == "" {
 				res.ProbeOK++
 				latencies = append(latencies, took.Seconds()*1000)
+				failedInARow = 0
 			} else {
 				res.ProbeFailures[why]++
+				failedInARow++
+				res.ProbeFailedInARow = max(res.ProbeFailedInARow, failedInARow)
 			}
 		}
 	}
