@@ -103,6 +103,16 @@ class FaultInjector:
         with self._lock:
             self._active.clear()
 
+    def remove(self, fault: Fault) -> bool:
+        """Take back one fault added earlier (this very object, not an equal one); False if it is gone
+        already (used up, or cleared). Lets faults that overlap in time end one by one."""
+        with self._lock:
+            for index, entry in enumerate(self._active):
+                if entry.fault is fault:
+                    del self._active[index]
+                    return True
+        return False
+
     def active(self) -> list[Fault]:
         with self._lock:
             return [entry.fault for entry in self._active if not entry.exhausted()]

@@ -5,8 +5,10 @@ injection, an optional token-bucket rate limit, the request log, and the ``/_sim
 The cloud simulator supplies the routes, its error-body shape and its state.
 
 Order of processing for an API request: route lookup (404/405) -> fault injection -> JSON body
-parsing (400) -> rate limit (429) -> handler. Every API request is logged with its route name and the
-final status. Control requests under ``/_sim/`` are never faulted, rate-limited or logged.
+parsing (400) -> rate limit (429) -> handler. Every API request is logged with its route name, the
+final status, when it was received and the status the cloud's own handler answered (None when the handler
+never ran), so a log tells the writes the cloud applied from those the client saw fail. Control requests
+under ``/_sim/`` are never faulted, rate-limited or logged.
 """
 
 from __future__ import annotations
@@ -417,12 +419,26 @@ class _SimHandler(BaseHTTPRequestHandler):
             self._handle_control(method, path, query, headers, raw_body)
             return
 
+        received = sim.now()
         route, params, path_known = sim._find(sim._routes, method, path)
         route_name = route.name if route else "unknown"
         body, body_error = _parse_json(raw_body)
+        handled: list[int] = []  # the handler's own status, once it has run
 
         def log(status: int) -> None:
-            sim.requests.append(RecordedRequest(sim.now(), method, path, route_name, query, headers, body, status))
+            entry = RecordedRequest(
+                sim.now(),
+                method,
+                path,
+                route_name,
+                query,
+                headers,
+                body,
+                status,
+                received,
+                handled[0] if handled else None,
+            )
+            sim.requests.append(entry)
 
         if route is None:
             status = 405 if path_known else 404
@@ -433,7 +449,7 @@ class _SimHandler(BaseHTTPRequestHandler):
         fault = sim.faults.match(route.name, method)
         if fault is not None and fault.apply and body_error is None:
             request = SimRequest(method, path, params, query, headers, body, route.name)
-            self._apply_then_fault(route, request, fault, log)
+            self._apply_then_fault(route, request, fault, log, handled)
             return
         if fault is not None:
             if fault.delay > 0:
@@ -461,11 +477,16 @@ class _SimHandler(BaseHTTPRequestHandler):
                 return
 
         request = SimRequest(method, path, params, query, headers, body, route.name)
-        self._send(sim._run_handler(route, request), fault, log)
+        response = sim._run_handler(route, request)
+        handled.append(response.status)
+        self._send(response, fault, log)
 
-    def _apply_then_fault(self, route: _Route, request: SimRequest, fault: Fault, log: Callable[[int], None]) -> None:
+    def _apply_then_fault(
+        self, route: _Route, request: SimRequest, fault: Fault, log: Callable[[int], None], handled: list[int]
+    ) -> None:
         """Process the request (the cloud's state changes), then spoil the answer as the fault says."""
         response = self.sim._run_handler(route, request)
+        handled.append(response.status)
         if fault.delay > 0:
             time.sleep(fault.delay)
         if fault.drop:

@@ -17,6 +17,11 @@ class RecordedRequest:
     headers: dict[str, str] = field(default_factory=dict)  # lower-case names, values as sent (secrets too)
     body: Any = None  # parsed JSON, or None
     status: int = 0  # final status; 0 when the connection was dropped without an answer
+    # When the request had been read in full (before any injected delay), and the status the cloud's own
+    # handler answered: None when it never ran (a fault replaced it, the rate limit, a bad route or body).
+    # A write whose ``handled`` is 2xx changed the cloud, whatever ``status`` the client got.
+    received: float = 0.0
+    handled: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -28,6 +33,8 @@ class RecordedRequest:
             "headers": dict(self.headers),
             "body": self.body,
             "status": self.status,
+            "received": self.received,
+            "handled": self.handled,
         }
 
 

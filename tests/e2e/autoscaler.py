@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -172,6 +173,14 @@ class Autoscaler:
 
     def stop(self) -> None:
         self.process.stop()
+
+    def restart(self, sig: signal.Signals = signal.SIGTERM, down: float = 0.0) -> None:
+        """Stop the CA (SIGKILL: a crash; SIGTERM: a rollout), wait ``down`` seconds, start it again with the
+        same flags; its log goes on in the same file. Returns once the new process runs its first loop."""
+        if self.process.child is not None:
+            self.process.child.stop(sig, timeout=10)
+        time.sleep(down)
+        self.start()
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``cluster_autoscaler_<name>`` whose labels include ``labels``."""

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,13 +141,17 @@ class ControlPlane:
         programs: ControlPlanePrograms,
         workdir: Path,
         scheduler: bool = True,
-        audit: bool = False,
+        audit: bool | Mapping[str, Any] = False,
         nodes: NodeAccess | None = None,
     ) -> None:
         self.programs = programs
         self.nodes = nodes
         self.with_scheduler = scheduler
         # The audit log: which requests each user made (``audit_events``), e.g. to count a client's reads.
+        # ``audit`` is True (AUDIT_POLICY) or an audit policy of the scenario's own.
+        self.audit_policy: Mapping[str, Any] | None = (
+            (audit if isinstance(audit, Mapping) else AUDIT_POLICY) if audit else None
+        )
         self.audit_log: Path | None = workdir / "logs" / "audit.jsonl" if audit else None
         self.workdir = workdir
         self.pki = make_cluster_pki(workdir / "pki", nodes.serving_hosts if nodes else ())
@@ -153,6 +159,7 @@ class ControlPlane:
         self.apiserver: ManagedProcess | None = None
         self.scheduler: ManagedProcess | None = None
         self.server_url = ""
+        self._apiserver_log: Path | None = None
         self.kubeconfig = workdir / "kubeconfig.yaml"
 
     def start(self) -> ControlPlane:
@@ -229,17 +236,29 @@ class ControlPlane:
             ).start()
             try:
                 self.apiserver.wait_until(lambda: self._https_ok("/readyz"), 90, "ready")
+                self._apiserver_log = self.workdir / "logs" / f"kube-apiserver-{attempt}.log"
                 return
             except ProcessFailed as exc:
                 last = exc
                 self.apiserver.stop()
         raise ProcessFailed(f"kube-apiserver did not start in {START_ATTEMPTS} attempts: {last}")
 
+    def restart_apiserver(self, down: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGTERM), wait ``down`` seconds, start it again on the same address with the
+        same flags (its log goes on in the same file); returns once it is ready. Clients keep their
+        kubeconfig: they see connections refused, then the same server back."""
+        assert self.apiserver is not None and self._apiserver_log is not None
+        argv = self.apiserver.argv
+        self.apiserver.stop()
+        time.sleep(down)
+        self.apiserver = ManagedProcess("kube-apiserver", argv, self._apiserver_log).start()
+        self.apiserver.wait_until(lambda: self._https_ok("/readyz"), 90, "ready again")
+
     def _audit_flags(self) -> list[str]:
         if self.audit_log is None:
             return []
         policy = self.workdir / "audit-policy.yaml"
-        policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+        policy.write_text(yaml.safe_dump(dict(self.audit_policy or AUDIT_POLICY)))
         self.audit_log.parent.mkdir(parents=True, exist_ok=True)
         # The log backend writes each event before the answer is sent ("blocking"), so a test that reads
         # the file after a request returned finds it there.

@@ -213,6 +213,25 @@ class GroupStatus:
         return (self.min_size, self.max_size, self.target)
 
 
+def status_groups(document: Mapping[str, Any]) -> tuple[str, dict[str, GroupStatus]]:
+    """A parsed ``status`` of the CA's status ConfigMap: when the CA wrote it (its own ``time``) and its node
+    groups by id (``cloudProviderTarget``: the target size the CA last read from the provider)."""
+    found = {}
+    for group in document.get("nodeGroups") or []:
+        health = group.get("health") or {}
+        registered = (health.get("nodeCounts") or {}).get("registered") or {}
+        found[str(group["name"])] = GroupStatus(
+            min_size=int(health.get("minSize", 0)),
+            max_size=int(health.get("maxSize", 0)),
+            target=int(health.get("cloudProviderTarget", 0)),
+            registered=int(registered.get("total", 0)),
+            ready=int(registered.get("ready", 0)),
+            scale_up=str((group.get("scaleUp") or {}).get("status", "")),
+            health=str(health.get("status", "")),
+        )
+    return str(document.get("time", "")), found
+
+
 @dataclass
 class ScenarioTiming:
     """Wall-clock seconds from what starts a scenario's work to the cloud call it causes and to its end.
@@ -247,8 +266,10 @@ class E2EEnvironment:
         ca_flags: Mapping[str, str] | None = None,
         prepare: Callable[[E2EEnvironment], None] | None = None,
         serve: ServeBackends | None = None,
+        audit: bool | Mapping[str, Any] = False,
     ) -> None:
         self.prepare = prepare
+        self.audit = audit  # the control plane's audit log: off, the default policy, or a policy (ControlPlane)
         self.serve = serve
         self.programs = programs
         self.workdir = workdir
@@ -283,7 +304,7 @@ class E2EEnvironment:
             bizfly_backend(self.bizfly, sync=BACKEND_SYNC),
         ]
         # The control plane first: a server with Kubernetes features (``serve``) needs the API server.
-        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir).start()
+        self.control_plane = ControlPlane(self.programs.control_plane, self.workdir, audit=self.audit).start()
         self.api = kubernetes.config.new_client_from_config(str(self.control_plane.kubeconfig))
         if self.serve is not None:
             self.server = self.serve(self, backends)
@@ -463,21 +484,7 @@ class E2EEnvironment:
 
     def status_written(self, since: float | None = None) -> tuple[str, dict[str, GroupStatus]]:
         """When the running CA last wrote its status ConfigMap (its own ``time``), and the node groups there."""
-        document = self.status_document(since)
-        found = {}
-        for group in document.get("nodeGroups") or []:
-            health = group.get("health") or {}
-            registered = (health.get("nodeCounts") or {}).get("registered") or {}
-            found[str(group["name"])] = GroupStatus(
-                min_size=int(health.get("minSize", 0)),
-                max_size=int(health.get("maxSize", 0)),
-                target=int(health.get("cloudProviderTarget", 0)),
-                registered=int(registered.get("total", 0)),
-                ready=int(registered.get("ready", 0)),
-                scale_up=str((group.get("scaleUp") or {}).get("status", "")),
-                health=str(health.get("status", "")),
-            )
-        return str(document.get("time", "")), found
+        return status_groups(self.status_document(since))
 
     def status(self) -> dict[str, GroupStatus]:
         """The node groups of the CA's status ConfigMap; empty until the running CA has written it."""

@@ -33,6 +33,7 @@ class ProxyRecord:
 
     routed: list[tuple[float, str]] = field(default_factory=list)  # (wall time, endpoint) per connection
     refused: list[float] = field(default_factory=list)  # wall times of connections with no Ready endpoint
+    readiness: list[tuple[float, str, bool]] = field(default_factory=list)  # (wall time, endpoint, ready) changes
 
 
 class ReadinessProxy:
@@ -88,6 +89,8 @@ class ReadinessProxy:
             with self._lock:
                 if ok and not endpoint.ready:
                     endpoint.ready_since = time.time()
+                if ok != endpoint.ready:
+                    self.record.readiness.append((time.time(), endpoint.name, ok))
                 endpoint.ready = ok
 
     # ------------------------------------------------------------------ forwarding

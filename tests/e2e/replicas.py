@@ -42,7 +42,9 @@ IDENTITIES = ("replica-a", "replica-b")
 JOURNAL_CONFIGMAP = "ca-externalgrpc-journal"
 STATUS_CONFIGMAP = "ca-externalgrpc-status"  # the object the Events are about
 TEMPLATES_PREFIX = "ca-externalgrpc-templates"  # one ConfigMap per backend: <prefix>-<backend name>
-BACKEND_NAMES = ("scw", "bizfly")  # as environment.py names the two backends
+# The replicas' backends are named as the layout's config names them (not as environment.py does): the
+# learned templates' ConfigMaps are <prefix>-<backend name>, and the shipped Role grants those names only.
+BACKEND_NAMES = {"scaleway": "scaleway", "bizfly": "bizfly"}  # backend type -> name
 
 FEATURES = ("leader_election", "journal", "learned_templates", "events")
 SERVICE_ACCOUNT = "ca-externalgrpc-server"  # the one the mTLS layout runs the server as
@@ -54,6 +56,8 @@ def _shipped() -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, An
     docs = render("server-mtls")
     config = yaml.safe_load(one(docs, "ConfigMap", "ca-externalgrpc-config")["data"]["config.yaml"])
     role_rules, cluster_rules = service_account_roles(docs, SERVICE_ACCOUNT, NAMESPACE)
+    granted = {name for rule in role_rules for name in rule.get("resourceNames") or ()}
+    assert {f"{TEMPLATES_PREFIX}-{name}" for name in BACKEND_NAMES.values()} <= granted, granted
     return role_rules, cluster_rules, dict(config["kubernetes"])
 
 
@@ -122,6 +126,7 @@ class ReplicatedServer:
         self.renew_deadline = duration_seconds(election["renew_deadline"])
         self.retry_period = duration_seconds(election["retry_period"])
         self.follower_connection_age = duration_seconds(election["follower_connection_age"])
+        backends = [{**backend, "name": BACKEND_NAMES[backend["type"]]} for backend in backends]
         self.api = env.api
         self.replicas: dict[str, OurServer] = {}
         self.killed: set[str] = set()
@@ -197,6 +202,16 @@ class ReplicatedServer:
 
     def heal_api(self, name: str) -> None:
         self.api_proxies[name].set(mode="pass")
+
+    def slow_api(self, name: str, delay: float) -> None:
+        """Hold each of ``name``'s API requests ``delay`` seconds before it reaches the API server (0: heal)."""
+        self.api_proxies[name].set(delay=delay)
+
+    def start_again(self, name: str) -> None:
+        """Start a replica that was killed or terminated again on its addresses, as the kubelet restarts a
+        pod's container: the Service's endpoint and the API proxy stay; it campaigns as a new process."""
+        self.replicas[name].start_again()
+        self.killed.discard(name)
 
     def increase_through_proxy(self, group_id: str, delta: int, timeout: float = 5.0) -> None:
         """A NodeGroupIncreaseSize sent as the CA sends it: through the Service (the proxy), with the CA's

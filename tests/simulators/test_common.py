@@ -122,6 +122,17 @@ def test_fault_without_times_applies_until_cleared() -> None:
     assert injector.match("list", "GET") is None
 
 
+def test_a_fault_taken_back_ends_alone_and_others_stay() -> None:
+    injector = FaultInjector()
+    first, second = Fault(route="list", status=500), Fault(route="list", status=500)
+    injector.add(first)
+    injector.add(second)
+    assert injector.remove(first)
+    assert not injector.remove(first)
+    assert injector.active() == [second] and injector.active()[0] is second
+    assert injector.match("list", "GET") is second
+
+
 def test_first_added_fault_wins() -> None:
     injector = FaultInjector()
     injector.add(Fault(route="list", status=500, times=1))
@@ -359,6 +370,23 @@ def test_apply_fault_can_drop_the_connection_after_the_change(server: JsonApiSer
     with pytest.raises(requests.ConnectionError):
         http.patch(f"{server.url}/v1/things/t1", json={"size": 5})
     assert applied == [{"size": 5}]
+
+
+def test_the_request_log_says_whether_the_cloud_handled_each_request(
+    server: JsonApiServer, http: requests.Session
+) -> None:
+    applied = _counting_route(server)
+    server.faults.add(Fault(route="write_thing", drop=True, apply=True, times=1))
+    server.faults.add(Fault(route="write_thing", status=503, times=1))
+    with pytest.raises(requests.ConnectionError):
+        http.patch(f"{server.url}/v1/things/t1", json={"size": 5})
+    assert http.patch(f"{server.url}/v1/things/t1", json={"size": 6}).status_code == 503
+    assert http.patch(f"{server.url}/v1/things/t1", json={"size": 7}).status_code == 200
+    assert applied == [{"size": 5}, {"size": 7}]
+    logged = [(r.status, r.handled) for r in server.requests.filter("write_thing")]
+    # applied but never answered; refused by the fault without reaching the cloud; applied and answered
+    assert logged == [(0, 200), (503, None), (200, 200)]
+    assert all(r.received <= r.at for r in server.requests.all())
 
 
 def test_apply_fault_with_a_delay_applies_at_once_and_answers_late(
