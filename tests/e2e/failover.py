@@ -40,6 +40,7 @@ from providers.http_transport import WRITER_HEADER
 from tests.e2e.environment import E2EEnvironment, Layout, bizfly_pool, scaleway_pool
 from tests.e2e.pools import APP_CPU, FILLER_CPU, POOL_LABEL, machines, pool_size
 from tests.e2e.replicas import ReplicatedServer
+from tests.support.repeating import Repeating
 
 CLOUD = "scaleway"
 # The CA's pool: one busy machine (a filler pod), room for many more; a pod of APP_CPU needs a machine.
@@ -74,29 +75,18 @@ def prepare(env: E2EEnvironment) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- demand
-class Arrivals:
+class Arrivals(Repeating):
     """Creates a pod that needs a new machine of the CA's pool every ``every`` seconds, until stopped."""
 
     def __init__(self, env: E2EEnvironment, every: float = ARRIVALS_EVERY, prefix: str = "arrival") -> None:
-        self.env, self.every, self.prefix = env, every, prefix
+        super().__init__("arrivals", every, at_once=True)
+        self.env, self.prefix = env, prefix
         self.created: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="arrivals", daemon=True)
 
-    def start(self) -> Arrivals:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            name = f"{self.prefix}-{len(self.created)}"
-            self.env.create_pod(name, cpu=APP_CPU[CLOUD], node_selector={POOL_LABEL[CLOUD]: "general"})
-            self.created.append(time.time())
-            self._stop.wait(self.every)
+    def tick(self) -> None:
+        name = f"{self.prefix}-{len(self.created)}"
+        self.env.create_pod(name, cpu=APP_CPU[CLOUD], node_selector={POOL_LABEL[CLOUD]: "general"})
+        self.created.append(time.time())
 
 
 @dataclass

@@ -34,6 +34,7 @@ from providers.http_transport import WRITER_HEADER
 from tests.e2e.environment import STATUS_CONFIGMAP, E2EEnvironment
 from tests.e2e.replicas import IDENTITIES, NAMESPACE, ReplicatedServer
 from tests.reliability.clouds import BizflyKit, ScalewayKit
+from tests.support.repeating import Repeating
 
 OBSERVE_EVERY = 0.25
 MEMORY_EVERY = 2.0
@@ -178,7 +179,7 @@ class CloudObserver:
 
 # ---------------------------------------------------------------------------------------------- memory
 @dataclass
-class MemorySampler:
+class MemorySampler(Repeating):
     """Each replica process's resident set size (VmRSS, from /proc) every ``every`` seconds."""
 
     replicas: ReplicatedServer
@@ -186,25 +187,15 @@ class MemorySampler:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chaos-memory", daemon=True)
+        Repeating.__init__(self, "chaos-memory", self.every, at_once=False)
 
-    def start(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            for name, server in list(self.replicas.replicas.items()):
-                process = server.process
-                with contextlib.suppress(OSError, ValueError):  # a replica down between two samples
-                    if process.process.poll() is None:
-                        rss = process.memory()["rss_mib"]
-                        self.samples.append({"at": time.time(), "replica": name, "pid": process.pid, "rss_mib": rss})
+    def tick(self) -> None:
+        for name, server in list(self.replicas.replicas.items()):
+            process = server.process
+            with contextlib.suppress(OSError, ValueError):  # a replica down between two samples
+                if process.process.poll() is None:
+                    rss = process.memory()["rss_mib"]
+                    self.samples.append({"at": time.time(), "replica": name, "pid": process.pid, "rss_mib": rss})
 
 
 # ---------------------------------------------------------------------------------------------- the rest
