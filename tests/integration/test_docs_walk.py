@@ -237,7 +237,7 @@ KAPSULE_CHECK = "### Check it against Scaleway"
 README_START_HERE = "## Why not the in-tree providers"
 SCALED = "**the CA has scaled the pool"
 #: the limits the docs are held to (issue 38): words as `wc -w` counts them, code included
-README_WORDS, TUTORIAL_WORDS, TO_A_SCALED_POOL = 1500, 2500, 2000
+README_WORDS, TUTORIAL_WORDS, TO_A_SCALED_POOL, EXPLANATION_WORDS = 1500, 2500, 2000, 4000
 REGISTRY = "registry.example.com/team"
 VERSION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
 
@@ -256,6 +256,8 @@ def test_the_readme_and_the_tutorials_are_as_short_as_promised() -> None:
     assert all(n <= TUTORIAL_WORDS for n in counts.values()), counts
     paths = {t.path.name: reading_path(t) for t in (KAPSULE, BIZFLY)}
     assert all(n < TO_A_SCALED_POOL for n in paths.values()), paths
+    explanations = {p.name: words(p.read_text()) for p in (REPO_ROOT / "docs" / "explanation").glob("*.md")}
+    assert explanations and all(n <= EXPLANATION_WORDS for n in explanations.values()), explanations
     # The tutorials name this release's image and archive, nothing older.
     for tutorial in (KAPSULE, BIZFLY, MIGRATE):
         named = set(re.findall(r"ca-externalgrpc-server[:-](\d+\.\d+\.\d+)", tutorial.path.read_text()))
