@@ -8,6 +8,7 @@ measured, never how fast. ``make build`` compiles the Go programs first.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -41,7 +42,12 @@ def test_both_servers_ran_under_the_real_ca_and_every_figure_was_measured(smoke:
     for name, server in size["servers"].items():
         assert server["loops"] == LOOPS, name
         assert server["main_median_s"] > 0 and server["main_p90_s"] >= server["main_median_s"]
-        assert server["server_cpu_per_loop_s"] > 0 and server["ca_cpu_per_loop_s"] > 0
+        # CPU is read in the kernel's 10 ms ticks: our server's two loops at 40 nodes can take less than
+        # one tick (a fresh machine measured 0.000 s for ours, 0.030 s for the upstream's), so its figure
+        # must be measured (finite), not above zero; the CA's own CPU shows the sampler reads ticks.
+        cpus = [server[f"{p}_cpu_per_loop_s"] for p in ("server", "ca", "apiserver")]
+        assert all(math.isfinite(c) and c >= 0 for c in cpus), (name, cpus)
+        assert server["ca_cpu_per_loop_s"] > 0, name
         assert server["idle_millicores"] >= 0
         assert server["peak_rss_mib"] > 0
         assert "updateClusterState" in server["functions_median_s"]
