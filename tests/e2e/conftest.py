@@ -26,6 +26,7 @@ from tests.e2e.environment import (
 )
 from tests.e2e.report import SUMMARY
 from tests.support.gobuild import GoBuildError
+from tests.support.selection import deselect
 
 DEFAULT_STEADY_SECONDS = 20.0
 DEFAULT_PARTITION_ROUNDS = 3
@@ -63,13 +64,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(steady + 180))
     if _option(config, "--e2e"):
         return
-    selected: list[pytest.Item] = []
-    deselected: list[pytest.Item] = []
-    for item in items:
-        (deselected if item.get_closest_marker("e2e") else selected).append(item)
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = selected
+    deselect(config, items, lambda item: item.get_closest_marker("e2e") is not None)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import pytest
 
 from devstack.harness import ENGINE_ENV
 from providers.backend import Backend
+from tests.support.selection import deselect
 
 
 @pytest.fixture
@@ -32,12 +33,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     themselves); the pass is for the tests that take the engine from the environment."""
     if not os.environ.get(ENGINE_ENV):
         return
-    kept: list[pytest.Item] = []
-    repeated: list[pytest.Item] = []
-    for item in items:
+
+    def same_on_both_passes(item: pytest.Item) -> bool:
         callspec = getattr(item, "callspec", None)
         same = (callspec is not None and "engine" in callspec.params) or item.get_closest_marker("one_engine")
-        (repeated if same and item.path.is_relative_to(HERE) else kept).append(item)
-    if repeated:
-        config.hook.pytest_deselected(items=repeated)
-        items[:] = kept
+        return bool(same) and item.path.is_relative_to(HERE)
+
+    deselect(config, items, same_on_both_passes)

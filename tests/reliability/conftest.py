@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.reliability.report import REPORT
+from tests.support.selection import deselect
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,12 +41,8 @@ def _soak_seconds(config: pytest.Config) -> float | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _long_soak_requested(config):
         return
-    # Deselected, not skipped, like the other long targets (the e2e suite, the CA matrix): a skip in
-    # make test's summary would read as something this machine could not run. make soak runs it.
-    long_soak = [item for item in items if "soak" in item.keywords]
-    if long_soak:
-        items[:] = [item for item in items if "soak" not in item.keywords]
-        config.hook.pytest_deselected(items=long_soak)
+    # Deselected, not skipped, like the end-to-end suite without --e2e; make soak runs it.
+    deselect(config, items, lambda item: "soak" in item.keywords)
 
 
 @pytest.fixture
